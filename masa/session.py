@@ -1,0 +1,72 @@
+"""The one place that creates ONNX Runtime sessions and gives their memory back.
+
+Profiling (model_prep) and execution (masa executors) must measure the same
+thing, so both create every session through `create_session`, with the options
+from `session_options`:
+
+- one intra-op thread by default: parallelism comes from Masa's worker pool,
+  and several multi-threaded sessions on 2 cores slow each other 6-10x;
+- intra-op spinning off: idle spinning threads of many live sessions steal the
+  cores the other workers need;
+- CPU memory arena off: memory is returned when a run ends, so reserved and
+  measured memory stay comparable (cost not measurable, see ENGINEERING-NOTES);
+- sessions are created from a file path, never from bytes (from bytes ORT keeps
+  a second copy of the weights).
+
+`release_memory` must follow the last reference to a session: ORT's memory only
+goes back after the Python handle dies, `gc.collect()` runs and glibc trims its
+heap (otherwise 5-26 MiB of freed heap stays resident).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from pathlib import Path
+
+import onnxruntime as ort
+
+DEFAULT_INTRA_OP_THREADS = 1
+
+
+def session_options(intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> ort.SessionOptions:
+    """Session options shared by the profiler and every executor."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.enable_cpu_mem_arena = False
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
+def create_session(
+    model_path: str | Path, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS
+) -> ort.InferenceSession:
+    """An InferenceSession on the CPU, created from a path with the shared options."""
+    return ort.InferenceSession(
+        str(model_path),
+        sess_options=session_options(intra_op_threads),
+        providers=["CPUExecutionProvider"],
+    )
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def release_memory() -> None:
+    """Collect garbage and return freed heap pages to the OS (glibc malloc_trim)."""
+    gc.collect()
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)

@@ -1,0 +1,1 @@
+"""Offline preparation: split ONNX models into per-layer stages and profile them."""

@@ -1,0 +1,326 @@
+"""The network manifest: what a prepared network is, as frozen data, and its YAML form.
+
+`DIR/NAME/manifest.yaml` (format 1) describes one network split into stages:
+the source model, its inputs and outputs, and per stage its file, checksum,
+operators, layer type, tensors, weights and (optionally) its profile. The
+format is documented in docs/manifest.md. `load_manifest` validates a manifest
+and reports every problem with its path; `write_manifest` writes atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from masa.atomic import atomic_write_text
+from masa.errors import ErrorCollector, UserError
+
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "manifest.yaml"
+LAYER_TYPES = ("conv", "fc", "other")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor crossing a stage boundary. Dims are ints, or strings when dynamic."""
+
+    name: str
+    dtype: str  # numpy dtype name: float32, int64, ...
+    shape: tuple[int | str, ...]
+    size_bytes: int | None  # None while a dim is dynamic
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Measured cost of one stage, in one fresh worker, one stage at a time.
+
+    Memory figures are increases over the RSS just before the operation:
+    - load_peak_bytes: peak during file read + session creation (kernel VmHWM);
+    - resident_bytes: what stays resident after the load (the session);
+    - exec_peak_bytes: peak working memory of one run on a loaded session.
+    The sampled_* figures are the same peaks seen by a /proc/self/statm polling
+    thread, whose median interval was sampling_interval_us.
+    """
+
+    load_time_us: int
+    exec_time_us: int  # median of exec_runs runs after warm-up
+    exec_runs: int
+    load_peak_bytes: int
+    resident_bytes: int
+    exec_peak_bytes: int
+    sampled_load_peak_bytes: int
+    sampled_exec_peak_bytes: int
+    sampling_interval_us: float
+
+
+@dataclass(frozen=True)
+class Stage:
+    stage_id: str
+    file: str  # relative to the network directory
+    sha256: str
+    op_types: tuple[str, ...]
+    layer_type: str  # one of LAYER_TYPES
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    producers: tuple[str, ...]  # ids of the stages whose outputs this stage reads
+    weight_bytes: int
+    note: str | None = None  # why the stage is larger than one weighted operator
+    profile: StageProfile | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeBase:
+    """Cost paid once per process, not per stage: importing and first session setup."""
+
+    process_rss_bytes: int
+    first_session_bytes: int
+    first_session_time_us: int
+
+
+@dataclass(frozen=True)
+class NetworkManifest:
+    name: str
+    source_path: str
+    source_sha256: str
+    ir_version: int
+    opsets: tuple[tuple[str, int], ...]  # (domain, version)
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    stages: tuple[Stage, ...]  # in a topological order
+    runtime_base: RuntimeBase | None = None
+    format: int = MANIFEST_FORMAT
+    directory: Path = field(default=Path("."), compare=False)
+
+    def stage_path(self, stage: Stage) -> Path:
+        return self.directory / stage.file
+
+    @property
+    def profiled(self) -> bool:
+        return all(stage.profile is not None for stage in self.stages)
+
+    def with_profiles(
+        self, profiles: dict[str, StageProfile], runtime_base: RuntimeBase | None
+    ) -> NetworkManifest:
+        stages = tuple(replace(s, profile=profiles.get(s.stage_id, s.profile)) for s in self.stages)
+        return replace(self, stages=stages, runtime_base=runtime_base)
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------- YAML form
+
+
+def _tensor_to_dict(tensor: TensorSpec) -> dict[str, Any]:
+    return {"name": tensor.name, "dtype": tensor.dtype, "shape": list(tensor.shape),
+            "bytes": tensor.size_bytes}
+
+
+def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
+    return {
+        "format": manifest.format,
+        "name": manifest.name,
+        "source": {"path": manifest.source_path, "sha256": manifest.source_sha256},
+        "ir_version": manifest.ir_version,
+        "opsets": [{"domain": d, "version": v} for d, v in manifest.opsets],
+        "inputs": [_tensor_to_dict(t) for t in manifest.inputs],
+        "outputs": [_tensor_to_dict(t) for t in manifest.outputs],
+        "runtime_base": asdict(manifest.runtime_base) if manifest.runtime_base else None,
+        "stages": [
+            {
+                "id": s.stage_id,
+                "file": s.file,
+                "sha256": s.sha256,
+                "op_types": list(s.op_types),
+                "layer_type": s.layer_type,
+                "inputs": [_tensor_to_dict(t) for t in s.inputs],
+                "outputs": [_tensor_to_dict(t) for t in s.outputs],
+                "producers": list(s.producers),
+                "weight_bytes": s.weight_bytes,
+                "note": s.note,
+                "profile": asdict(s.profile) if s.profile else None,
+            }
+            for s in manifest.stages
+        ],
+    }
+
+
+def write_manifest(manifest: NetworkManifest, path: str | Path) -> None:
+    """Write atomically (temporary name, then rename)."""
+    text = yaml.safe_dump(manifest_to_dict(manifest), sort_keys=False, width=120)
+    atomic_write_text(path, text)
+
+
+def _tensor_from_dict(errors: ErrorCollector, raw: Any, path: str) -> TensorSpec | None:
+    if not isinstance(raw, dict):
+        errors.add(path, f"expected a tensor mapping, got {raw!r}")
+        return None
+    name = errors.get(raw, "name", str, path)
+    dtype = errors.get(raw, "dtype", str, path)
+    shape = errors.get(raw, "shape", list, path)
+    size_bytes = errors.get(raw, "bytes", (int, type(None)), path)
+    if shape is not None:
+        for index, dim in enumerate(shape):
+            if isinstance(dim, bool) or not isinstance(dim, int | str):
+                errors.add(f"{path}.shape[{index}]", f"expected an integer or a name, got {dim!r}")
+    if None in (name, dtype, shape):
+        return None
+    return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), size_bytes=size_bytes)
+
+
+def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        errors.add(path, f"expected a mapping, got {raw!r}")
+        return None
+    values = {}
+    for name, kind in cls.__annotations__.items():
+        expected = (int, float) if kind == "float" else int
+        value = errors.get(raw, name, expected, path)
+        if value is None:
+            return None
+        if value < 0:
+            errors.add(f"{path}.{name}", f"expected a non-negative number, got {value}")
+            return None
+        values[name] = value
+    return cls(**values)
+
+
+def manifest_from_dict(
+    raw: Any, source: str, directory: Path, check_files: bool = True
+) -> NetworkManifest:
+    """Validate a parsed manifest; raise ValidationError listing every problem."""
+    errors = ErrorCollector(source)
+    if not isinstance(raw, dict):
+        errors.add("", "expected a mapping at the top level")
+        errors.raise_if_any()
+    fmt = errors.get(raw, "format", int, "")
+    if fmt is not None and fmt != MANIFEST_FORMAT:
+        errors.add("format", f"expected {MANIFEST_FORMAT}, got {fmt}")
+    name = errors.get(raw, "name", str, "")
+    source_map = errors.get(raw, "source", dict, "") or {}
+    source_path = errors.get(source_map, "path", str, "source") if source_map else None
+    source_sha = errors.get(source_map, "sha256", str, "source") if source_map else None
+    ir_version = errors.get(raw, "ir_version", int, "")
+    opsets = []
+    for index, entry in enumerate(errors.get(raw, "opsets", list, "") or []):
+        opset_path = f"opsets[{index}]"
+        if not isinstance(entry, dict):
+            errors.add(opset_path, "expected a mapping with domain and version")
+            continue
+        domain = errors.get(entry, "domain", str, opset_path)
+        version = errors.get(entry, "version", int, opset_path)
+        if domain is not None and version is not None:
+            opsets.append((domain, version))
+    tensors: dict[str, tuple[TensorSpec, ...]] = {}
+    for key in ("inputs", "outputs"):
+        items = errors.get(raw, key, list, "") or []
+        parsed = [_tensor_from_dict(errors, t, f"{key}[{i}]") for i, t in enumerate(items)]
+        tensors[key] = tuple(t for t in parsed if t is not None)
+    runtime_raw = raw.get("runtime_base")
+    runtime_base = (
+        _dataclass_from_dict(errors, RuntimeBase, runtime_raw, "runtime_base")
+        if runtime_raw is not None else None
+    )
+    stages: list[Stage] = []
+    seen_ids: set[str] = set()
+    for index, entry in enumerate(errors.get(raw, "stages", list, "") or []):
+        stage = _stage_from_dict(errors, entry, f"stages[{index}]", seen_ids, directory,
+                                 check_files)
+        if stage is not None:
+            seen_ids.add(stage.stage_id)
+            stages.append(stage)
+    if not stages and not errors.problems:
+        errors.add("stages", "expected at least one stage")
+    errors.raise_if_any()
+    return NetworkManifest(
+        name=name, source_path=source_path, source_sha256=source_sha, ir_version=ir_version,
+        opsets=tuple(opsets), inputs=tensors["inputs"], outputs=tensors["outputs"],
+        stages=tuple(stages), runtime_base=runtime_base, format=fmt, directory=directory,
+    )
+
+
+def _stage_from_dict(
+    errors: ErrorCollector, raw: Any, path: str, seen_ids: set[str], directory: Path,
+    check_files: bool,
+) -> Stage | None:
+    if not isinstance(raw, dict):
+        errors.add(path, f"expected a stage mapping, got {raw!r}")
+        return None
+    before = len(errors.problems)
+    stage_id = errors.get(raw, "id", str, path)
+    file_name = errors.get(raw, "file", str, path)
+    sha256 = errors.get(raw, "sha256", str, path)
+    op_types = errors.get(raw, "op_types", list, path)
+    layer_type = errors.get(raw, "layer_type", str, path)
+    if layer_type is not None and layer_type not in LAYER_TYPES:
+        errors.add(f"{path}.layer_type", f"expected one of {', '.join(LAYER_TYPES)}, "
+                   f"got {layer_type!r}")
+    weight_bytes = errors.get(raw, "weight_bytes", int, path)
+    producers = errors.get(raw, "producers", list, path) or []
+    for producer in producers:
+        if producer not in seen_ids:
+            errors.add(f"{path}.producers", f"unknown or later stage {producer!r} "
+                       "(stages must be listed in topological order)")
+    note = errors.get(raw, "note", (str, type(None)), path, required=False)
+    tensor_lists = {}
+    for key in ("inputs", "outputs"):
+        items = errors.get(raw, key, list, path) or []
+        parsed = [_tensor_from_dict(errors, t, f"{path}.{key}[{i}]") for i, t in enumerate(items)]
+        tensor_lists[key] = tuple(t for t in parsed if t is not None)
+    profile_raw = raw.get("profile")
+    profile = (
+        _dataclass_from_dict(errors, StageProfile, profile_raw, f"{path}.profile")
+        if profile_raw is not None else None
+    )
+    if stage_id in seen_ids:
+        errors.add(f"{path}.id", f"duplicate stage id {stage_id!r}")
+    if check_files and file_name is not None and sha256 is not None:
+        stage_file = directory / file_name
+        if not stage_file.is_file():
+            errors.add(f"{path}.file", f"stage file {stage_file} does not exist")
+        elif sha256_file(stage_file) != sha256:
+            errors.add(f"{path}.sha256", f"stage file {stage_file} does not match its "
+                       "sha256 (changed or corrupted after prepare)")
+    if len(errors.problems) > before:
+        return None
+    return Stage(
+        stage_id=stage_id, file=file_name, sha256=sha256, op_types=tuple(op_types),
+        layer_type=layer_type, inputs=tensor_lists["inputs"], outputs=tensor_lists["outputs"],
+        producers=tuple(producers), weight_bytes=weight_bytes, note=note, profile=profile,
+    )
+
+
+def load_manifest(network_dir: str | Path, check_files: bool = True) -> NetworkManifest:
+    """Load and validate DIR/NAME/manifest.yaml (pass the DIR/NAME directory).
+
+    With check_files, every stage file must exist and match its sha256.
+    """
+    directory = Path(network_dir)
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise UserError(f"{path}: no manifest here (run `masa prepare` first)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    return manifest_from_dict(raw, str(path), directory, check_files=check_files)
+
+
+def load_store_network(store_dir: str | Path, name: str, check_files: bool = True
+                       ) -> NetworkManifest:
+    """The prepared network NAME in store DIR."""
+    network_dir = Path(store_dir) / name
+    if not network_dir.is_dir():
+        available = sorted(p.parent.name for p in Path(store_dir).glob(f"*/{MANIFEST_NAME}"))
+        raise UserError(f"{store_dir}: no prepared network {name!r} "
+                        f"(store has: {', '.join(p for p in available) or 'nothing'})")
+    return load_manifest(network_dir, check_files=check_files)

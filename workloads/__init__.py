@@ -1,0 +1,1 @@
+"""Workloads: job-graph YAML, arrival generators, scenarios and the model zoo."""
