@@ -1,0 +1,135 @@
+"""Tests of the model zoo (workloads/zoo.py) and `masa zoo`.
+
+Scale-1 models are never materialised here (EmotionNet alone is 377 MiB): their
+size is checked from the builders' dry-mode parameter count, which is itself
+checked against the materialised initializers at small scales.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from masa.errors import UserError
+from masa.session import create_session
+from workloads.zoo import (
+    MIB,
+    ZOO_NAMES,
+    ZOO_SPECS,
+    build_model,
+    layer_counts,
+    parameter_count,
+    save_model,
+)
+
+SMALL_SCALE = 0.1
+
+
+def _initializer_elements(model: onnx.ModelProto) -> int:
+    return sum(math.prod(t.dims) for t in model.graph.initializer)
+
+
+def _op_count(model: onnx.ModelProto, op_type: str) -> int:
+    return sum(1 for node in model.graph.node if node.op_type == op_type)
+
+
+def test_zoo_has_the_nine_networks_of_the_paper() -> None:
+    assert sorted(spec.paper_name for spec in ZOO_SPECS.values()) == sorted(
+        ["AgeNet", "GenderNet", "FaceNet", "SoS", "GoogleNet", "TinyYOLO", "EmotionNet",
+         "MemNet", "SceneNet"])
+    assert ZOO_NAMES == tuple(ZOO_SPECS)
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_scale_one_size_is_within_ten_percent_of_table_1(name: str) -> None:
+    spec = ZOO_SPECS[name]
+    weight_mib = parameter_count(name, 1.0) * 4 / MIB
+    assert abs(weight_mib / spec.paper_storage_mib - 1) <= 0.10, (name, weight_mib)
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_built_graph_has_the_table_1_conv_and_fc_layers(name: str) -> None:
+    spec = ZOO_SPECS[name]
+    model = build_model(name, scale=0.05)
+    assert (_op_count(model, "Conv"), _op_count(model, "Gemm")) == (
+        spec.conv_layers, spec.fc_layers)
+    assert _op_count(model, "MatMul") == 0
+    assert layer_counts(name, 1.0) == (spec.conv_layers, spec.fc_layers)
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_small_model_runs_in_onnx_runtime(name: str, tmp_path: Path) -> None:
+    spec = ZOO_SPECS[name]
+    path = save_model(name, tmp_path / f"{name}.onnx", scale=SMALL_SCALE, seed=3)
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == 13
+    declared = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert tuple(declared) == spec.input_shape
+    # The dry count (used for the scale-1 size check) equals what was materialised,
+    # and the file is the weights plus a little graph structure.
+    elements = _initializer_elements(model)
+    assert elements == parameter_count(name, SMALL_SCALE)
+    file_bytes = path.stat().st_size
+    assert elements * 4 <= file_bytes <= elements * 4 * 1.02 + 64 * 1024
+    session = create_session(path)
+    data = np.random.default_rng(0).standard_normal(spec.input_shape, dtype=np.float32)
+    (output,) = session.run(None, {"data": data})
+    declared_out = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert output.shape == tuple(declared_out)
+    assert model.graph.output[0].name == spec.output_name
+    assert np.isfinite(output).all()
+    assert float(np.abs(output).max()) > 0
+    if spec.output_name == "prob":
+        np.testing.assert_allclose(output.sum(axis=-1), 1.0, rtol=1e-4)
+
+
+def test_known_output_shapes() -> None:
+    shapes = {}
+    for name in ("tinyyolo", "sos", "scenenet", "memnet", "agenet", "gendernet"):
+        model = build_model(name, scale=0.05)
+        shapes[name] = tuple(d.dim_value for d in
+                             model.graph.output[0].type.tensor_type.shape.dim)
+    assert shapes == {"tinyyolo": (1, 125, 13, 13), "sos": (1, 5), "scenenet": (1, 205),
+                      "memnet": (1, 1), "agenet": (1, 8), "gendernet": (1, 2)}
+
+
+def test_weights_are_seeded_and_differ_between_seeds_and_networks() -> None:
+    first = build_model("agenet", scale=0.05, seed=7)
+    again = build_model("agenet", scale=0.05, seed=7)
+    other_seed = build_model("agenet", scale=0.05, seed=8)
+    other_net = build_model("gendernet", scale=0.05, seed=7)
+
+    def conv1(model: onnx.ModelProto) -> np.ndarray:
+        weights = {t.name: t for t in model.graph.initializer}
+        return onnx.numpy_helper.to_array(weights["conv1.weight"])
+
+    assert first.SerializeToString() == again.SerializeToString()
+    assert not np.array_equal(conv1(first), conv1(other_seed))
+    assert not np.array_equal(conv1(first), conv1(other_net))
+
+
+def test_scale_shrinks_widths_and_small_scales_give_a_few_megabytes() -> None:
+    for name in ZOO_NAMES:
+        sizes = [parameter_count(name, s) for s in (0.1, 0.25, 0.5, 1.0)]
+        assert sizes == sorted(sizes) and len(set(sizes)) == 4, name
+        assert parameter_count(name, 0.25) * 4 <= 25 * MIB, name
+    # the class count is not scaled: a width scale never changes what a net outputs
+    model = build_model("scenenet", scale=0.02)
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 205]
+
+
+@pytest.mark.parametrize("scale", [0, -0.5, 1.5, float("nan")])
+def test_bad_scale_is_a_user_error(scale: float) -> None:
+    with pytest.raises(UserError, match="scale"):
+        build_model("agenet", scale=scale)
+
+
+def test_unknown_name_is_a_user_error_listing_the_zoo() -> None:
+    with pytest.raises(UserError, match="agenet") as error:
+        build_model("resnet50")
+    assert "\n" not in str(error.value)
