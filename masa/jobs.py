@@ -1,0 +1,244 @@
+"""Job -> task-graph builder: the LOAD/EXEC tasks, precedences and memory locks of jobs.
+
+This module owns the translation from "job j runs networks N1..Nk" plus the
+networks' manifests into a `masa.taskgraph.TaskGraph`, and the per-stage cost
+figures (`stage_costs`) every consumer must agree on (policies, simulator,
+solver, traffic intensity). Pure: no clocks, threads, files or ONNX.
+
+For each network of a job and each stage s of that network:
+
+- LOAD(s): duration = profile.load_time_us; memory_bytes = the *transient*
+  part of loading, max(0, load_peak_bytes - resident_bytes). It opens the lock
+  ``.../resident`` of resident_bytes (the session) held until EXEC(s) ends,
+  after which the stage is unloaded.
+- EXEC(s): duration = profile.exec_time_us; memory_bytes = exec_peak_bytes.
+  It opens the lock ``.../outputs`` of the stage's output tensor bytes, held
+  until every consuming EXEC of the same network has ended. A stage without
+  consumers produces the network's final outputs; they are handed to the job
+  result when EXEC(s) ends, so its lock ends with EXEC(s) itself.
+- precedence LOAD(s) -> EXEC(s), EXEC(p) -> EXEC(s) for every producer p;
+- start_after LOAD(p) -> LOAD(s) for every producer p: the LOAD order rule. A
+  stage is never loaded before its producers' loads have started, so memory is
+  not filled with later stages that cannot run while an earlier one waits.
+
+Unprofiled manifests get documented estimates (see `estimate_stage_costs`) and
+one logged warning per network.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from masa.errors import UserError
+from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from model_prep.manifest import NetworkManifest, Stage, TensorSpec
+
+if TYPE_CHECKING:  # workloads.schema imports this module's costs lazily; avoid a cycle
+    from workloads.schema import JobSpec
+
+log = logging.getLogger(__name__)
+
+# Estimates for unprofiled stages. Deliberately rough, stated so they can be
+# checked against a profile (docs/workload-format.md, "Unprofiled networks"):
+# - session creation on a Raspberry-Pi-class CPU costs a few ms plus the file
+#   read and weight copy (~200 MB/s);
+# - a run costs a fixed dispatch overhead plus streaming weights and tensors
+#   through memory once (~1 GB/s; a conv layer reuses weights and costs more,
+#   an FC layer about this).
+ESTIMATE_LOAD_FIXED_US = 2_000
+ESTIMATE_LOAD_BYTES_PER_US = 200.0
+ESTIMATE_EXEC_FIXED_US = 50
+ESTIMATE_EXEC_BYTES_PER_US = 1_000.0
+# A dynamic dimension (batch, image side) counts as 1 when sizing a tensor.
+ESTIMATE_DYNAMIC_DIM = 1
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What scheduling needs about one stage, from its profile or estimated."""
+
+    load_time_us: int
+    exec_time_us: int
+    load_transient_bytes: int  # direct memory of LOAD: peak minus what stays resident
+    resident_bytes: int  # locked from LOAD start until EXEC end
+    exec_bytes: int  # direct memory of EXEC
+    output_bytes: int  # locked from EXEC start until its consumers end
+    estimated: bool
+
+
+def tensor_bytes(tensor: TensorSpec) -> int:
+    """The tensor's size; dynamic dims count as ESTIMATE_DYNAMIC_DIM."""
+    if tensor.size_bytes is not None:
+        return tensor.size_bytes
+    try:
+        itemsize = np.dtype(tensor.dtype).itemsize
+    except TypeError:
+        itemsize = 4  # unknown dtype names (bfloat16 in old numpy): assume 4 bytes
+    elements = 1
+    for dim in tensor.shape:
+        elements *= dim if isinstance(dim, int) and dim > 0 else ESTIMATE_DYNAMIC_DIM
+    return elements * itemsize
+
+
+def estimate_stage_costs(stage: Stage) -> StageCost:
+    """Costs of an unprofiled stage, from its weight and tensor bytes.
+
+    resident ~ weight_bytes (the session holds one copy of the weights);
+    load transient ~ weight_bytes (the file is parsed, then copied: peak ~2x);
+    exec ~ input + output bytes; durations from the ESTIMATE_* constants.
+    """
+    in_bytes = sum(tensor_bytes(t) for t in stage.inputs)
+    out_bytes = sum(tensor_bytes(t) for t in stage.outputs)
+    load_time_us = ESTIMATE_LOAD_FIXED_US + round(stage.weight_bytes / ESTIMATE_LOAD_BYTES_PER_US)
+    exec_time_us = ESTIMATE_EXEC_FIXED_US + round(
+        (stage.weight_bytes + in_bytes + out_bytes) / ESTIMATE_EXEC_BYTES_PER_US
+    )
+    return StageCost(
+        load_time_us=load_time_us, exec_time_us=exec_time_us,
+        load_transient_bytes=stage.weight_bytes, resident_bytes=stage.weight_bytes,
+        exec_bytes=in_bytes + out_bytes, output_bytes=out_bytes, estimated=True,
+    )
+
+
+def stage_costs(stage: Stage) -> StageCost:
+    """The stage's costs from its profile, or `estimate_stage_costs` without one."""
+    profile = stage.profile
+    if profile is None:
+        return estimate_stage_costs(stage)
+    return StageCost(
+        load_time_us=profile.load_time_us,
+        exec_time_us=profile.exec_time_us,
+        load_transient_bytes=max(0, profile.load_peak_bytes - profile.resident_bytes),
+        resident_bytes=profile.resident_bytes,
+        exec_bytes=profile.exec_peak_bytes,
+        output_bytes=sum(tensor_bytes(t) for t in stage.outputs),
+        estimated=False,
+    )
+
+
+def network_time_us(manifest: NetworkManifest, include_load: bool = True) -> int:
+    """One network run alone, stage after stage: sum of EXEC (and LOAD) durations."""
+    total_us = 0
+    for stage in manifest.stages:
+        cost = stage_costs(stage)
+        total_us += cost.exec_time_us + (cost.load_time_us if include_load else 0)
+    return total_us
+
+
+def task_id(job_id: int, network: str, stage_id: str, kind: TaskKind) -> str:
+    """The id of one task: "j{job}/{network}/{stage_id}/load|exec"."""
+    return f"j{job_id}/{network}/{stage_id}/{kind.value}"
+
+
+def group_id(job_id: int, network: str) -> str:
+    """The network instance a task belongs to: "j{job}/{network}"."""
+    return f"j{job_id}/{network}"
+
+
+def build_job_graph(
+    job: JobSpec,
+    manifests: Mapping[str, NetworkManifest],
+    network_order: Sequence[str],
+) -> TaskGraph:
+    """The task graph of one job (see the module docstring for its shape).
+
+    network_order fixes the network index in each task's `order` tie-break key,
+    (job_id, network index, stage index); it is normally the workload's
+    network list, the same for every job.
+    """
+    index_of = {name: index for index, name in enumerate(network_order)}
+    tasks: list[Task] = []
+    precedence: list[tuple[str, str]] = []
+    locks: list[Lock] = []
+    start_after: list[tuple[str, str]] = []
+    for network in job.networks:
+        if network not in manifests:
+            raise UserError(f"job {job.job_id}: no manifest for network {network!r}")
+        if network not in index_of:
+            raise UserError(f"job {job.job_id}: network {network!r} is not in the "
+                            f"network order ({', '.join(network_order)})")
+        manifest = manifests[network]
+        if not manifest.profiled:
+            _warn_unprofiled(network)
+        consumers: dict[str, list[str]] = {stage.stage_id: [] for stage in manifest.stages}
+        for stage in manifest.stages:
+            for producer in stage.producers:
+                consumers[producer].append(stage.stage_id)
+        group = group_id(job.job_id, network)
+        for stage_index, stage in enumerate(manifest.stages):
+            cost = stage_costs(stage)
+            load_id = task_id(job.job_id, network, stage.stage_id, TaskKind.LOAD)
+            exec_id = task_id(job.job_id, network, stage.stage_id, TaskKind.EXEC)
+            common = dict(
+                release_us=job.arrival_us,
+                order=(job.job_id, index_of[network], stage_index),
+                group=group, job_id=job.job_id, network=network,
+                stage_id=stage.stage_id, layer_type=stage.layer_type,
+            )
+            tasks.append(Task(task_id=load_id, kind=TaskKind.LOAD,
+                              duration_us=cost.load_time_us,
+                              memory_bytes=cost.load_transient_bytes, **common))
+            tasks.append(Task(task_id=exec_id, kind=TaskKind.EXEC,
+                              duration_us=cost.exec_time_us,
+                              memory_bytes=cost.exec_bytes, **common))
+            locks.append(Lock(lock_id=f"{group}/{stage.stage_id}/resident",
+                              from_task=load_id, until_tasks=(exec_id,),
+                              memory_bytes=cost.resident_bytes))
+            consumer_execs = tuple(
+                task_id(job.job_id, network, consumer, TaskKind.EXEC)
+                for consumer in consumers[stage.stage_id]
+            )
+            locks.append(Lock(lock_id=f"{group}/{stage.stage_id}/outputs",
+                              from_task=exec_id, until_tasks=consumer_execs or (exec_id,),
+                              memory_bytes=cost.output_bytes))
+            precedence.append((load_id, exec_id))
+            for producer in stage.producers:
+                precedence.append(
+                    (task_id(job.job_id, network, producer, TaskKind.EXEC), exec_id))
+                start_after.append(
+                    (task_id(job.job_id, network, producer, TaskKind.LOAD), load_id))
+    return TaskGraph(tasks=tuple(tasks), precedence=tuple(precedence), locks=tuple(locks),
+                     start_after=tuple(start_after))
+
+
+def build_workload_graph(
+    jobs: Iterable[JobSpec],
+    manifests: Mapping[str, NetworkManifest],
+    network_order: Sequence[str],
+) -> TaskGraph:
+    """One task graph for a whole list of jobs (their graphs merged)."""
+    tasks: list[Task] = []
+    precedence: list[tuple[str, str]] = []
+    locks: list[Lock] = []
+    start_after: list[tuple[str, str]] = []
+    seen_job_ids: set[int] = set()
+    for job in jobs:
+        if job.job_id in seen_job_ids:
+            raise UserError(f"job id {job.job_id} appears twice; job ids must be unique")
+        seen_job_ids.add(job.job_id)
+        graph = build_job_graph(job, manifests, network_order)
+        # Concatenating lists, not TaskGraph.merged, keeps this linear in jobs.
+        tasks += graph.tasks
+        precedence += graph.precedence
+        locks += graph.locks
+        start_after += graph.start_after
+    return TaskGraph(tasks=tuple(tasks), precedence=tuple(precedence), locks=tuple(locks),
+                     start_after=tuple(start_after))
+
+
+_warned_unprofiled: set[str] = set()
+
+
+def _warn_unprofiled(network: str) -> None:
+    # Once per network per process: a workload of 1,000 jobs should not log 1,000 lines.
+    if network in _warned_unprofiled:
+        return
+    _warned_unprofiled.add(network)
+    log.warning("network %r has stages without a profile: using estimated load/exec "
+                "times and memory from weight and tensor bytes (run `masa prepare` "
+                "with profiling for real figures)", network)

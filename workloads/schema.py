@@ -1,0 +1,749 @@
+"""The workload YAML: its dataclasses, its validating loader, and the jobs it generates.
+
+Owns the format documented in docs/workload-format.md: a job graph of named
+networks (with `after:` upstreams, `when:` conditions and `input:`
+transforms), the job input, the arrival process, the per-job composition and
+an optional traffic intensity. `load_workload` validates a file and reports
+every problem at once with its path (``lifelog.yaml: at 'graph.facenet.after':
+unknown network 'facenet2'``); `generate_jobs` turns a workload into a seeded
+list of `JobSpec`; `should_run` and `network_inputs` are what an executor asks
+at run time. Packaged scenario files are found with `scenario_path`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from masa.errors import ErrorCollector, UserError
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest, TensorSpec, load_manifest
+from workloads.arrivals import (
+    ARRIVAL_KINDS,
+    US_PER_S,
+    Arrival,
+    Composition,
+    arrival_times_us,
+    draw_networks,
+    rate_for_intensity,
+    with_rate,
+)
+from workloads.conditions import (
+    BOX_COORDS,
+    PREDICATE_KINDS,
+    TENSOR_PREDICATE_KINDS,
+    Condition,
+    Transform,
+    UpstreamOutputs,
+    apply_transform,
+    conditions_hold,
+    fit_to_input,
+    input_rng,
+    random_input,
+    resolve_callable,
+)
+
+WORKLOAD_FORMAT = 1
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff")
+_RATE_FIELDS = {"periodic": "interval_ms", "normal": "mean_ms", "poisson": "rate_per_s"}
+_ARRIVAL_FIELDS = {
+    "periodic": {"interval_ms"},
+    "normal": {"mean_ms", "std_ms", "cv"},
+    "poisson": {"rate_per_s"},
+    "trace": {"times_ms"},
+}
+_TOP_FIELDS = {"format", "name", "description", "graph", "input", "arrivals", "composition",
+               "intensity"}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: an input arriving at arrival_us that the listed networks analyse."""
+
+    job_id: int
+    arrival_us: int
+    networks: tuple[str, ...]  # in the workload's network order
+
+
+@dataclass(frozen=True)
+class NetworkNode:
+    """One network of the job graph."""
+
+    name: str
+    after: tuple[str, ...] = ()  # upstream networks
+    when: tuple[Condition, ...] = ()  # all must hold (after every upstream finished)
+    transform: Transform | None = None  # None: the network gets the job input
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The job input: random data of each model's input shape, or one file."""
+
+    kind: str  # "random" or "file"
+    path: Path | None = None
+    array: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    source: Path
+    nodes: tuple[NetworkNode, ...]  # in network order: upstreams before downstreams
+    input: InputSpec
+    arrivals: Arrival
+    composition: Composition = Composition()
+    intensity: float | None = None  # traffic intensity the arrival rate was set from
+    description: str = ""
+
+    @property
+    def networks(self) -> tuple[str, ...]:
+        """The network order: file order, moved only where an upstream came later."""
+        return tuple(node.name for node in self.nodes)
+
+    @property
+    def seed(self) -> int:
+        return self.arrivals.seed
+
+    @property
+    def rate_resolved(self) -> bool:
+        return self.arrivals.kind == "trace" or self.arrivals.mean_rate_per_s is not None
+
+    @property
+    def context_aware(self) -> bool:
+        return any(node.after for node in self.nodes)
+
+    def node(self, network: str) -> NetworkNode:
+        for node in self.nodes:
+            if node.name == network:
+                return node
+        raise KeyError(network)
+
+    def downstreams(self, network: str) -> tuple[str, ...]:
+        """Networks that depend on `network`, directly or transitively, in network order."""
+        reached = {network}
+        for node in self.nodes:  # network order is topological: one pass suffices
+            if any(upstream in reached for upstream in node.after):
+                reached.add(node.name)
+        return tuple(name for name in self.networks if name in reached and name != network)
+
+
+# ----------------------------------------------------------------- loading
+
+
+def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
+    """Load and validate a workload file; raise UserError listing every problem.
+
+    With store_dir, network names and output tensor names are checked against
+    the store's manifests, and an `intensity:` sets the arrival rate.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise UserError(f"{source}: no such workload file")
+    try:
+        raw = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{source}: not a text file") from None
+    errors = ErrorCollector(str(source))
+    if not isinstance(raw, dict):
+        errors.add("", f"expected a mapping at the top level, got {type(raw).__name__}")
+        errors.raise_if_any()
+    _unknown_keys(errors, raw, _TOP_FIELDS, "")
+    fmt = errors.get(raw, "format", int, "", required=False, default=WORKLOAD_FORMAT)
+    if fmt is not None and fmt != WORKLOAD_FORMAT:
+        errors.add("format", f"expected {WORKLOAD_FORMAT}, got {fmt}")
+    name = errors.get(raw, "name", str, "", required=False, default=source.stem)
+    description = errors.get(raw, "description", str, "", required=False, default="")
+
+    nodes = _parse_graph(errors, raw.get("graph"))
+    manifests = _store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
+    if manifests:
+        _check_outputs(errors, nodes, manifests)
+    ordered = _topological(errors, nodes)
+    input_spec = _parse_input(errors, raw.get("input", "random"), source.parent)
+    intensity = _parse_intensity(errors, raw)
+    arrivals = _parse_arrivals(errors, raw.get("arrivals"), intensity is not None)
+    composition = _parse_composition(errors, raw.get("composition", "all"), len(nodes), nodes)
+    errors.raise_if_any()
+
+    workload = Workload(
+        name=name, source=source, nodes=ordered, input=input_spec, arrivals=arrivals,
+        composition=composition, intensity=intensity, description=description,
+    )
+    if intensity is not None and len(manifests) == len(ordered):
+        workload = apply_intensity(workload, manifests)
+    return workload
+
+
+def apply_intensity(
+    workload: Workload,
+    manifests: Mapping[str, NetworkManifest],
+    intensity: float | None = None,
+) -> Workload:
+    """The workload with its arrival rate set from a traffic intensity.
+
+    intensity defaults to the workload's `intensity:`; the mean network time is
+    taken over the workload's networks (profiles, or estimates when unprofiled).
+    """
+    target = intensity if intensity is not None else workload.intensity
+    if target is None:
+        raise UserError(f"{workload.source}: at 'intensity': no intensity to apply")
+    if workload.arrivals.kind == "trace":
+        raise UserError(f"{workload.source}: at 'intensity': trace arrivals have fixed times")
+    try:
+        rate_per_s = rate_for_intensity(target, manifests, workload.networks)
+    except (KeyError, ValueError) as error:
+        raise UserError(f"{workload.source}: at 'intensity': {error}") from None
+    return replace(workload, arrivals=with_rate(workload.arrivals, rate_per_s),
+                   intensity=float(target))
+
+
+def _unknown_keys(errors: ErrorCollector, raw: Mapping[str, Any], known: set[str],
+                  path: str) -> None:
+    for key in raw:
+        if key not in known:
+            where = f"{path}.{key}" if path else str(key)
+            errors.add(where, f"unknown field, expected one of {', '.join(sorted(known))}")
+
+
+def _string_list(errors: ErrorCollector, value: Any, path: str) -> tuple[str, ...]:
+    """A string or a list of strings."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    errors.add(path, f"expected a network name or a list of names, got {value!r}")
+    return ()
+
+
+def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
+    if raw is None:
+        errors.add("graph", "missing field, expected a mapping of network names")
+        return []
+    if isinstance(raw, list):  # a plain list of independent networks
+        if not all(isinstance(item, str) for item in raw):
+            errors.add("graph", f"expected a list of network names, got {raw!r}")
+            return []
+        raw = dict.fromkeys(raw)
+    if not isinstance(raw, dict) or not raw:
+        errors.add("graph", f"expected a non-empty mapping of network names, got {raw!r}")
+        return []
+    names = [str(name) for name in raw]
+    nodes = []
+    for name, entry in raw.items():
+        path = f"graph.{name}"
+        entry = {} if entry is None else entry
+        if not isinstance(entry, dict):
+            errors.add(path, f"expected a mapping (after, when, input) or nothing, got {entry!r}")
+            continue
+        _unknown_keys(errors, entry, {"after", "when", "input"}, path)
+        after = _string_list(errors, entry.get("after", []), f"{path}.after")
+        for upstream in after:
+            if upstream not in names:
+                errors.add(f"{path}.after", f"unknown network {upstream!r}")
+        if len(set(after)) != len(after):
+            errors.add(f"{path}.after", "lists a network twice")
+        known_after = tuple(u for u in after if u in names)
+        when: list[Condition] = []
+        raw_when = entry.get("when")
+        if raw_when is not None:
+            if not known_after and after == ():
+                errors.add(f"{path}.when", "a condition needs 'after:' upstream networks")
+            is_list = isinstance(raw_when, list)
+            items = raw_when if is_list else [raw_when]
+            for index, item in enumerate(items):
+                item_path = f"{path}.when[{index}]" if is_list else f"{path}.when"
+                condition = _parse_condition(errors, item, item_path, known_after)
+                if condition is not None:
+                    when.append(condition)
+        transform = None
+        if entry.get("input") is not None:
+            transform = _parse_transform(errors, entry["input"], f"{path}.input", known_after)
+        nodes.append(NetworkNode(name=str(name), after=known_after, when=tuple(when),
+                                 transform=transform))
+    return nodes
+
+
+def _upstream_for(errors: ErrorCollector, raw: Mapping[str, Any], path: str,
+                  after: tuple[str, ...]) -> str | None:
+    """The `network:` a predicate or transform reads: named, or the only upstream."""
+    if "network" in raw:
+        network = raw["network"]
+        if not isinstance(network, str) or network not in after:
+            errors.add(f"{path}.network", f"expected one of the upstream networks "
+                       f"({', '.join(after) or 'none'}), got {network!r}")
+            return None
+        return network
+    if len(after) == 1:
+        return after[0]
+    if after:
+        errors.add(path, f"several upstreams ({', '.join(after)}): say which with 'network:'")
+    return None
+
+
+def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None = None,
+            high: float | None = None, positive: bool = False) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        errors.add(path, f"expected a number, got {value!r}")
+        return None
+    if positive and value <= 0:
+        errors.add(path, f"expected a positive number, got {value}")
+        return None
+    if (low is not None and value < low) or (high is not None and value > high):
+        errors.add(path, f"expected a number in [{low}, {high}], got {value}")
+        return None
+    return float(value)
+
+
+def _parse_condition(errors: ErrorCollector, raw: Any, path: str,
+                     after: tuple[str, ...]) -> Condition | None:
+    if not isinstance(raw, dict):
+        errors.add(path, f"expected a predicate mapping such as {{max_above: 0.5}}, got {raw!r}")
+        return None
+    _unknown_keys(errors, raw, set(PREDICATE_KINDS) | {"network", "output", "column"}, path)
+    kinds = [key for key in raw if key in PREDICATE_KINDS]
+    if len(kinds) != 1:
+        errors.add(path, f"expected exactly one predicate of {', '.join(PREDICATE_KINDS)}, "
+                   f"got {', '.join(kinds) or 'none'}")
+        return None
+    kind = kinds[0]
+    value = raw[kind]
+    key_path = f"{path}.{kind}"
+    before = len(errors.problems)
+    network = _upstream_for(errors, raw, path, after)
+    output = errors.get(raw, "output", str, path, required=False)
+    column = errors.get(raw, "column", int, path, required=False)
+    if kind not in TENSOR_PREDICATE_KINDS:
+        for key in ("output", "column"):
+            if key in raw:
+                errors.add(f"{path}.{key}", f"not used by '{kind}'")
+    fields: dict[str, Any] = {}
+    if kind in ("max_above", "any_above"):
+        fields["threshold"] = _number(errors, value, key_path)
+    elif kind == "count_above":
+        if not isinstance(value, dict):
+            errors.add(key_path, f"expected {{threshold: T, min_count: N}}, got {value!r}")
+        else:
+            _unknown_keys(errors, value, {"threshold", "min_count"}, key_path)
+            fields["threshold"] = _number(errors, value.get("threshold"), f"{key_path}.threshold")
+            min_count = errors.get(value, "min_count", int, key_path)
+            if min_count is not None and min_count < 1:
+                errors.add(f"{key_path}.min_count", f"expected an integer >= 1, got {min_count}")
+            fields["min_count"] = min_count
+    elif kind == "argmax_in":
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                              for i in ids):
+            errors.add(key_path, f"expected a list of class ids (integers >= 0), got {value!r}")
+        else:
+            fields["class_ids"] = tuple(ids)
+    elif kind == "probability":
+        fields["probability"] = _number(errors, value, key_path, low=0.0, high=1.0)
+    elif kind == "call":
+        if not isinstance(value, str):
+            errors.add(key_path, f"expected 'package.module:function', got {value!r}")
+        else:
+            try:
+                resolve_callable(value)
+            except ValueError as error:
+                errors.add(key_path, str(error))
+            fields["call"] = value
+    if len(errors.problems) > before or network is None:
+        return None
+    return Condition(kind=kind, network=network, output=output, column=column, **fields)
+
+
+def _parse_transform(errors: ErrorCollector, raw: Any, path: str,
+                     after: tuple[str, ...]) -> Transform | None:
+    if not isinstance(raw, dict) or "transform" not in raw:
+        errors.add(path, f"expected {{transform: crop_best_box | 'package.module:function', "
+                   f"...}}, got {raw!r}")
+        return None
+    name = raw["transform"]
+    before = len(errors.problems)
+    if isinstance(name, str) and ":" in name:
+        _unknown_keys(errors, raw, {"transform"}, path)
+        try:
+            resolve_callable(name)
+        except ValueError as error:
+            errors.add(f"{path}.transform", str(error))
+        return Transform(kind="call", call=name) if len(errors.problems) == before else None
+    if name != "crop_best_box":
+        errors.add(f"{path}.transform", f"expected crop_best_box or 'package.module:function', "
+                   f"got {name!r}")
+        return None
+    _unknown_keys(errors, raw, {"transform", "network", "boxes", "scores", "coords", "margin"},
+                  path)
+    if not after:
+        errors.add(path, "crop_best_box needs an upstream detector in 'after:'")
+    network = _upstream_for(errors, raw, path, after)
+    boxes = errors.get(raw, "boxes", str, path)
+    scores = errors.get(raw, "scores", str, path, required=False)
+    coords = errors.get(raw, "coords", str, path, required=False, default="pixels")
+    if coords is not None and coords not in BOX_COORDS:
+        errors.add(f"{path}.coords", f"expected one of {', '.join(BOX_COORDS)}, got {coords!r}")
+    margin = 0.0
+    if "margin" in raw:
+        margin = _number(errors, raw["margin"], f"{path}.margin", low=0.0, high=10.0) or 0.0
+    if len(errors.problems) > before or network is None:
+        return None
+    return Transform(kind="crop_best_box", network=network, boxes=boxes, scores=scores,
+                     coords=coords, margin=margin)
+
+
+def _topological(errors: ErrorCollector, nodes: list[NetworkNode]) -> tuple[NetworkNode, ...]:
+    """Nodes with upstreams first, otherwise in file order; cycles are reported."""
+    by_name = {node.name: node for node in nodes}
+    remaining = {node.name: set(node.after) for node in nodes}
+    ordered: list[NetworkNode] = []
+    while remaining:
+        ready = [node.name for node in nodes if node.name in remaining
+                 and not remaining[node.name]]
+        if not ready:
+            cycle = _cycle(remaining)
+            errors.add(f"graph.{cycle[0]}.after", f"cycle in the job graph: {' -> '.join(cycle)}")
+            return tuple(nodes)
+        first = ready[0]  # the earliest in the file: keeps the user's order where possible
+        ordered.append(by_name[first])
+        del remaining[first]
+        for upstreams in remaining.values():
+            upstreams.discard(first)
+    return tuple(ordered)
+
+
+def _cycle(remaining: dict[str, set[str]]) -> list[str]:
+    # Every remaining node has a remaining upstream: walk upstreams until one repeats.
+    start = sorted(remaining)[0]
+    path = [start]
+    while True:
+        upstream = sorted(remaining[path[-1]])[0]
+        if upstream in path:
+            loop = path[path.index(upstream):] + [upstream]
+            return list(reversed(loop))  # read as upstream -> downstream
+        path.append(upstream)
+
+
+def _store_manifests(errors: ErrorCollector, store_dir: Path,
+                     nodes: list[NetworkNode]) -> dict[str, NetworkManifest]:
+    store = Path(store_dir)
+    if not store.is_dir():
+        errors.add("", f"store {store} is not a directory")
+        return {}
+    available = sorted(p.parent.name for p in store.glob(f"*/{MANIFEST_NAME}"))
+    manifests = {}
+    for node in nodes:
+        if node.name not in available:
+            errors.add(f"graph.{node.name}", f"unknown network {node.name!r} (store {store} "
+                       f"has: {', '.join(available) or 'nothing'})")
+            continue
+        try:
+            # File checksums are checked when stages are loaded, not here: the
+            # loader only needs names, outputs and costs, and hashing is slow.
+            manifests[node.name] = load_manifest(store / node.name, check_files=False)
+        except UserError as error:
+            errors.add(f"graph.{node.name}", f"cannot read its manifest: {error}")
+    return manifests
+
+
+def _check_outputs(errors: ErrorCollector, nodes: list[NetworkNode],
+                   manifests: Mapping[str, NetworkManifest]) -> None:
+    for node in nodes:
+        path = f"graph.{node.name}"
+        for index, condition in enumerate(node.when):
+            manifest = manifests.get(condition.network)
+            if manifest is None or condition.kind not in TENSOR_PREDICATE_KINDS:
+                continue
+            where = f"{path}.when" if len(node.when) == 1 else f"{path}.when[{index}]"
+            _check_output_name(errors, manifest, condition.output, f"{where}.output")
+        transform = node.transform
+        if transform is not None and transform.kind == "crop_best_box":
+            manifest = manifests.get(transform.network or "")
+            if manifest is not None:
+                for key in ("boxes", "scores"):
+                    name = getattr(transform, key)
+                    if name is not None:
+                        _check_output_name(errors, manifest, name, f"{path}.input.{key}")
+        if node.transform is not None and node.name in manifests:
+            if len(manifests[node.name].inputs) != 1:
+                errors.add(f"{path}.input", f"a transform needs a network with one input, "
+                           f"{node.name!r} has {len(manifests[node.name].inputs)}")
+
+
+def _check_output_name(errors: ErrorCollector, manifest: NetworkManifest, name: str | None,
+                       path: str) -> None:
+    outputs = [tensor.name for tensor in manifest.outputs]
+    if name is None:
+        if len(outputs) != 1:
+            errors.add(path, f"network {manifest.name!r} has outputs {', '.join(outputs)}: "
+                       "name one with 'output:'")
+    elif name not in outputs:
+        errors.add(path, f"unknown output {name!r} of network {manifest.name!r} "
+                   f"(it has: {', '.join(outputs)})")
+
+
+def _parse_input(errors: ErrorCollector, raw: Any, base_dir: Path) -> InputSpec:
+    if raw == "random" or raw is None:
+        return InputSpec(kind="random")
+    if isinstance(raw, dict):
+        _unknown_keys(errors, raw, {"file"}, "input")
+        raw = errors.get(raw, "file", str, "input")
+        if raw is None:
+            return InputSpec(kind="random")
+    if not isinstance(raw, str):
+        errors.add("input", f"expected 'random' or a file path, got {raw!r}")
+        return InputSpec(kind="random")
+    path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
+    if not path.is_file():
+        errors.add("input", f"input file {path} does not exist")
+        return InputSpec(kind="file", path=path)
+    try:
+        array = load_input_file(path)
+    except ValueError as error:
+        errors.add("input", str(error))
+        return InputSpec(kind="file", path=path)
+    return InputSpec(kind="file", path=path, array=array)
+
+
+def load_input_file(path: Path) -> np.ndarray:
+    """A .npy array, or an image as height x width x channels uint8. Raises ValueError."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            return np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as error:
+            raise ValueError(f"cannot read {path} as a .npy array: {error}") from None
+    if suffix in IMAGE_SUFFIXES:
+        from PIL import Image  # pillow comes with matplotlib; only needed for images
+
+        try:
+            with Image.open(path) as image:
+                mode = "L" if image.mode in ("1", "L", "I;16") else "RGB"
+                return np.asarray(image.convert(mode))
+        except OSError as error:
+            raise ValueError(f"cannot read {path} as an image: {error}") from None
+    raise ValueError(f"input file {path}: expected a .npy file or an image "
+                     f"({', '.join(IMAGE_SUFFIXES)})")
+
+
+def _parse_intensity(errors: ErrorCollector, raw: Mapping[str, Any]) -> float | None:
+    if "intensity" not in raw:
+        return None
+    return _number(errors, raw["intensity"], "intensity", positive=True)
+
+
+def _ms_to_us(value: float) -> int:
+    return round(value * 1000)
+
+
+def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Arrival:
+    fallback = Arrival(kind="periodic", count=1, interval_us=1)
+    if not isinstance(raw, dict):
+        errors.add("arrivals", f"{'missing field, ' if raw is None else ''}expected a mapping "
+                   f"with kind ({', '.join(ARRIVAL_KINDS)}), count and seed")
+        return fallback
+    kind = errors.get(raw, "kind", str, "arrivals")
+    if kind is None:
+        return fallback
+    if kind not in ARRIVAL_KINDS:
+        errors.add("arrivals.kind", f"expected one of {', '.join(ARRIVAL_KINDS)}, got {kind!r}")
+        return fallback
+    _unknown_keys(errors, raw, {"kind", "count", "seed", "start_ms"} | _ARRIVAL_FIELDS[kind],
+                  "arrivals")
+    count = errors.get(raw, "count", int, "arrivals", required=kind != "trace")
+    if count is not None and count < 1:
+        errors.add("arrivals.count", f"expected an integer >= 1, got {count}")
+    seed = errors.get(raw, "seed", int, "arrivals", required=False, default=0)
+    if seed is not None and seed < 0:
+        errors.add("arrivals.seed", f"expected an integer >= 0, got {seed}")
+    start_ms = raw.get("start_ms", 0)
+    start = _number(errors, start_ms, "arrivals.start_ms", low=0.0) if "start_ms" in raw else 0.0
+    values: dict[str, Any] = {}
+    rate_field = _RATE_FIELDS.get(kind)
+    if has_intensity:
+        if kind == "trace":
+            errors.add("intensity", "cannot set the rate of trace arrivals (their times are fixed)")
+        elif rate_field in raw:
+            errors.add(f"arrivals.{rate_field}", "set either 'intensity' or this, not both")
+    elif rate_field is not None and rate_field not in raw:
+        errors.add(f"arrivals.{rate_field}", "missing field, expected a positive number "
+                   "(or set 'intensity')")
+    if kind == "periodic" and "interval_ms" in raw:
+        interval = _number(errors, raw["interval_ms"], "arrivals.interval_ms", positive=True)
+        values["interval_us"] = max(1, _ms_to_us(interval)) if interval is not None else None
+    elif kind == "normal":
+        if "mean_ms" in raw:
+            mean = _number(errors, raw["mean_ms"], "arrivals.mean_ms", positive=True)
+            values["mean_us"] = max(1, _ms_to_us(mean)) if mean is not None else None
+        if "std_ms" in raw and "cv" in raw:
+            errors.add("arrivals.cv", "set either std_ms or cv, not both")
+        elif "std_ms" in raw:
+            std = _number(errors, raw["std_ms"], "arrivals.std_ms", low=0.0)
+            values["std_us"] = _ms_to_us(std) if std is not None else None
+        elif "cv" in raw:
+            values["cv"] = _number(errors, raw["cv"], "arrivals.cv", low=0.0)
+        else:
+            errors.add("arrivals.std_ms", "missing field, expected std_ms (or cv, the std as "
+                       "a fraction of the mean)")
+    elif kind == "poisson" and "rate_per_s" in raw:
+        values["rate_per_s"] = _number(errors, raw["rate_per_s"], "arrivals.rate_per_s",
+                                       positive=True)
+    elif kind == "trace":
+        times = errors.get(raw, "times_ms", list, "arrivals")
+        if times is not None:
+            parsed = [_number(errors, t, f"arrivals.times_ms[{i}]", low=0.0)
+                      for i, t in enumerate(times)]
+            if not parsed:
+                errors.add("arrivals.times_ms", "expected at least one time")
+            elif None not in parsed:
+                times_us = tuple(_ms_to_us(t) for t in parsed if t is not None)
+                if any(b < a for a, b in zip(times_us, times_us[1:], strict=False)):
+                    errors.add("arrivals.times_ms", "expected non-decreasing times")
+                if count is not None and count > len(times_us):
+                    errors.add("arrivals.count", f"expected at most {len(times_us)} "
+                               f"(the number of times), got {count}")
+                values["times_us"] = times_us
+                count = count if count is not None else len(times_us)
+    if count is None or count < 1 or seed is None or seed < 0 or start is None:
+        return fallback
+    return Arrival(kind=kind, count=count, seed=seed, start_us=_ms_to_us(start), **values)
+
+
+def _parse_composition(errors: ErrorCollector, raw: Any, network_count: int,
+                       nodes: list[NetworkNode]) -> Composition:
+    if raw in ("all", "one"):
+        composition = Composition(kind=raw)
+    elif isinstance(raw, dict):
+        kind = errors.get(raw, "kind", str, "composition")
+        if kind not in (None, "all", "one", "subset"):
+            errors.add("composition.kind", f"expected all, one or subset, got {kind!r}")
+            return Composition()
+        if kind != "subset":
+            _unknown_keys(errors, raw, {"kind"}, "composition")
+            return Composition(kind=kind or "all")
+        _unknown_keys(errors, raw, {"kind", "min_size", "max_size"}, "composition")
+        min_size = errors.get(raw, "min_size", int, "composition", required=False, default=1)
+        max_size = errors.get(raw, "max_size", int, "composition", required=False,
+                              default=network_count)
+        if min_size is None or max_size is None:
+            return Composition()
+        if not 1 <= min_size <= max_size:
+            errors.add("composition.min_size", f"expected 1 <= min_size <= max_size, got "
+                       f"{min_size} and {max_size}")
+            return Composition()
+        if network_count and max_size > network_count:
+            errors.add("composition.max_size", f"expected at most {network_count} (the number "
+                       f"of networks), got {max_size}")
+            return Composition()
+        composition = Composition(kind="subset", min_size=min_size, max_size=max_size)
+    else:
+        errors.add("composition", f"expected all, one or {{kind: subset, min_size: N, "
+                   f"max_size: M}}, got {raw!r}")
+        return Composition()
+    if composition.kind != "all" and any(node.after for node in nodes):
+        errors.add("composition", f"'{composition.kind}' draws networks independently; it "
+                   "cannot be combined with 'after:' dependencies")
+    return composition
+
+
+# ------------------------------------------------------------ generating jobs
+
+
+def generate_jobs(workload: Workload, rng: np.random.Generator | None = None) -> list[JobSpec]:
+    """The workload's jobs: arrival times and networks, deterministic for a seed.
+
+    Without rng, a generator seeded with `arrivals.seed` is used. Arrival times
+    and compositions come from two independent child streams, so changing the
+    composition never moves the arrivals.
+    """
+    if not workload.rate_resolved:
+        raise UserError(f"{workload.source}: at 'intensity': the arrival rate depends on the "
+                        "networks' execution times: load the workload with a store (--store) "
+                        "or call apply_intensity with their manifests")
+    base = rng if rng is not None else np.random.default_rng(workload.arrivals.seed)
+    arrival_rng, composition_rng = base.spawn(2)
+    times_us = arrival_times_us(workload.arrivals, arrival_rng)
+    networks = workload.networks
+    return [
+        JobSpec(job_id=index, arrival_us=int(time_us),
+                networks=draw_networks(workload.composition, networks, composition_rng))
+        for index, time_us in enumerate(times_us)
+    ]
+
+
+def mean_interarrival_ms(jobs: list[JobSpec]) -> float:
+    """Mean gap between consecutive arrivals (0 for fewer than two jobs)."""
+    if len(jobs) < 2:
+        return 0.0
+    return (jobs[-1].arrival_us - jobs[0].arrival_us) / (len(jobs) - 1) / (US_PER_S / 1000)
+
+
+# -------------------------------------------------------------- at run time
+
+
+def should_run(workload: Workload, network: str, job_id: int,
+               upstream_outputs: UpstreamOutputs) -> bool:
+    """Whether `network` runs in this job, once all its upstreams have finished.
+
+    upstream_outputs maps each upstream network to its outputs. A network
+    without `when:` always runs (its upstreams still have to finish first in
+    CA-wait). The caller skips (or aborts) every transitive downstream when
+    this is False (see Workload.downstreams).
+    """
+    return conditions_hold(workload.node(network).when, upstream_outputs, workload.seed, job_id)
+
+
+def network_inputs(workload: Workload, manifest: NetworkManifest, job_id: int,
+                   upstream_outputs: UpstreamOutputs | None = None) -> dict[str, np.ndarray]:
+    """The input tensors of one network in one job, by input name.
+
+    With a transform: derived from the job input (or, with `input: random`,
+    random data of this network's input shape) and the upstream outputs.
+    Otherwise the job input file fitted to the first input, or random data;
+    further inputs of a multi-input network are always random.
+    """
+    node = workload.node(manifest.name)
+    rng = input_rng(workload.seed, job_id, manifest.name)
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(manifest.inputs):
+        if index == 0:
+            inputs[tensor.name] = network_input(workload, node, tensor, rng, upstream_outputs)
+        else:
+            inputs[tensor.name] = random_input(tensor, rng)
+    return inputs
+
+
+def network_input(workload: Workload, node: NetworkNode, tensor: TensorSpec,
+                  rng: np.random.Generator,
+                  upstream_outputs: UpstreamOutputs | None = None) -> np.ndarray:
+    job_input = workload.input.array
+    if node.transform is not None:
+        if job_input is None:
+            job_input = random_input(tensor, rng)
+        return apply_transform(node.transform, job_input, upstream_outputs or {}, tensor)
+    if job_input is not None:
+        return fit_to_input(job_input, tensor)
+    return random_input(tensor, rng)
+
+
+# -------------------------------------------------------------- scenarios
+
+
+def list_scenarios() -> tuple[str, ...]:
+    """Names of the packaged scenario files."""
+    return tuple(sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml")))
+
+
+def scenario_path(name: str) -> Path:
+    """The packaged scenario NAME (e.g. 'lifelogging'), as a path for load_workload."""
+    path = SCENARIO_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"no scenario {name!r} (packaged scenarios: "
+                        f"{', '.join(list_scenarios()) or 'none'})")
+    return path
