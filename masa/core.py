@@ -1,0 +1,603 @@
+"""The pure scheduling core: task states, the memory ledger and the scheduler state.
+
+This module owns the online scheduling state as plain data and the functions
+that change it. It has no threads, clocks, files or ONNX: the real executor and
+the discrete-event simulator (masa.simulator) drive the same functions and
+record times themselves. The decision rules live in masa.policies.
+
+Protocol for an executor (see docs/scheduling.md):
+
+    state = new_state(workers=2, memory_budget_bytes=512 * 2**20, policy="masa")
+    add_tasks(state, graph)              # a job arrives
+    for dispatch in select(state):       # marks RUNNING, reserves memory
+        ...start dispatch.task_id on worker dispatch.worker...
+    finished = finish(state, task_id, ok=True)   # when it ends
+        # finished.released_locks: unload LOAD sessions / drop EXEC outputs
+        # finished.to_terminate: running tasks of a failed group to stop
+    ...select again...
+
+Memory: a task reserves its footprint (direct memory plus the memory of every
+lock it opens) when dispatched; its direct memory returns when it ends; a lock
+returns when its opening task and every task it waits for have ended (done,
+failed or cancelled). The ledger never goes negative and only exceeds the
+budget through a dispatch flagged `over_commit`, which is recorded in
+`state.over_commits` (the progress rule of `masa`, or any dispatch of a
+memory-oblivious policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from masa.errors import UserError
+from masa.taskgraph import Lock, Task, TaskGraph, TaskKind, find_cycle
+
+
+class TaskState(Enum):
+    PENDING = "pending"  # not arrived, waiting for predecessors, or its group is gated
+    READY = "ready"  # may be dispatched now; known to the policy
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # never ran, or stopped because its group ended
+
+
+# The one transition table. READY -> PENDING happens when a group is gated.
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.READY, TaskState.CANCELLED}),
+    TaskState.READY: frozenset({TaskState.RUNNING, TaskState.PENDING, TaskState.CANCELLED}),
+    TaskState.RUNNING: frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED}),
+    TaskState.DONE: frozenset(),
+    TaskState.FAILED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+}
+TERMINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class GroupStatus(Enum):
+    """Outcome of a network instance (Task.group)."""
+
+    ACTIVE = "active"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # skipped or aborted by context-aware execution, or upstream failed
+
+
+class SchedulerError(RuntimeError):
+    """The core API was misused (a bug in the caller), not bad user input."""
+
+
+@dataclass(slots=True)
+class MemoryLedger:
+    """Reserved bytes against a budget. Never negative; above budget only when told."""
+
+    budget_bytes: int
+    reserved_bytes: int = 0
+    peak_reserved_bytes: int = 0
+
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.reserved_bytes
+
+    def fits(self, memory_bytes: int) -> bool:
+        return self.reserved_bytes + memory_bytes <= self.budget_bytes
+
+    def reserve(self, memory_bytes: int, *, allow_over_budget: bool = False) -> None:
+        if memory_bytes < 0:
+            raise SchedulerError(f"cannot reserve {memory_bytes} bytes")
+        if not allow_over_budget and not self.fits(memory_bytes):
+            raise SchedulerError(
+                f"reserving {memory_bytes} bytes exceeds the budget "
+                f"({self.reserved_bytes} of {self.budget_bytes} reserved)"
+            )
+        self.reserved_bytes += memory_bytes
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+
+    def release(self, memory_bytes: int) -> None:
+        if memory_bytes < 0 or memory_bytes > self.reserved_bytes:
+            raise SchedulerError(
+                f"releasing {memory_bytes} bytes with only {self.reserved_bytes} reserved"
+            )
+        self.reserved_bytes -= memory_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Start `task_id` on `worker`; `over_commit` means the budget is exceeded by it."""
+
+    task_id: str
+    worker: int
+    over_commit: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OverCommit:
+    """A dispatch that took reserved memory above the budget.
+
+    reason: "progress" (masa's progress rule) or "oblivious" (bulk, deepeye).
+    time_us is filled in by the executor or simulator (-1 inside the core).
+    """
+
+    task_id: str
+    footprint_bytes: int
+    reserved_bytes: int  # after the dispatch
+    reason: str
+    time_us: int = -1
+
+
+@dataclass(slots=True)
+class Finished:
+    """What changed because a task ended (and everything it caused)."""
+
+    task_id: str
+    status: TaskState
+    released_bytes: int  # total returned to the ledger by this call
+    released_locks: list[Lock] = field(default_factory=list)
+    newly_cancelled: list[str] = field(default_factory=list)  # tasks that never ran
+    newly_failed_groups: list[str] = field(default_factory=list)
+    to_terminate: list[str] = field(default_factory=list)  # running tasks to stop
+    ended_groups: list[tuple[str, GroupStatus]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CoreEvents:
+    """Side effects of gate/cancel/fail/add calls, collected until `take_events`."""
+
+    released_bytes: int = 0
+    released_locks: list[Lock] = field(default_factory=list)
+    newly_cancelled: list[str] = field(default_factory=list)
+    ended_groups: list[tuple[str, GroupStatus]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TaskInfo:
+    task: Task
+    footprint_bytes: int
+    state: TaskState = TaskState.PENDING
+    arrived: bool = False
+    started: bool = False
+    waiting_preds: int = 0  # precedence predecessors not yet DONE
+    waiting_starts: int = 0  # start_after predecessors not yet started
+    successors: list[str] = field(default_factory=list)
+    start_successors: list[str] = field(default_factory=list)
+    locks_from: list[str] = field(default_factory=list)
+    locks_until: list[str] = field(default_factory=list)
+    worker: int = -1
+    ready_epoch: int = 0  # bumped on every PENDING -> READY; stale heap entries mismatch
+
+
+@dataclass(slots=True)
+class LockInfo:
+    lock: Lock
+    open_until: int  # until_tasks not yet ended
+    from_ended: bool = False
+    held: bool = False
+    released: bool = False
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    name: str
+    key: tuple[tuple[int, ...], str]  # arrival order of the network instance
+    task_ids: list[str] = field(default_factory=list)
+    open_count: int = 0  # tasks not yet ended
+    arrived_count: int = 0
+    started_count: int = 0
+    status: GroupStatus = GroupStatus.ACTIVE
+    reason: str = ""
+    ended: bool = False
+
+
+class Policy(Protocol):
+    """A dispatch rule (masa.policies): told about tasks, asked for the next one."""
+
+    name: str
+    memory_aware: bool  # False: over-budget dispatches are "oblivious", not "progress"
+
+    def on_added(self, state: SchedulerState, info: TaskInfo) -> None: ...
+    def on_ready(self, state: SchedulerState, info: TaskInfo) -> None: ...
+    def on_started(self, state: SchedulerState, info: TaskInfo) -> None: ...
+    def on_ended(self, state: SchedulerState, info: TaskInfo) -> None: ...
+    def pick(self, state: SchedulerState) -> str | None: ...
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    """Everything the core knows, as plain data. Mutated only by this module's functions."""
+
+    workers: int
+    ledger: MemoryLedger
+    policy: Policy
+    tasks: dict[str, TaskInfo] = field(default_factory=dict)
+    locks: dict[str, LockInfo] = field(default_factory=dict)
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    gated: set[str] = field(default_factory=set)
+    free_workers: list[int] = field(default_factory=list)  # a min-heap of worker ids
+    running_count: int = 0
+    open_count: int = 0  # tasks not yet ended, over all groups
+    over_commits: list[OverCommit] = field(default_factory=list)
+    events: CoreEvents = field(default_factory=CoreEvents)
+
+
+def new_state(workers: int, memory_budget_bytes: int, policy: str = "masa") -> SchedulerState:
+    """An empty scheduler for `workers` workers and a memory budget. Unknown policy: UserError."""
+    # Imported here: masa.policies imports this module for its types.
+    from masa.policies import make_policy
+
+    if workers < 1:
+        raise UserError(f"workers: expected a positive integer, got {workers}")
+    if memory_budget_bytes < 0:
+        raise UserError(f"memory budget: expected a non-negative size, got {memory_budget_bytes}")
+    return SchedulerState(
+        workers=workers,
+        ledger=MemoryLedger(memory_budget_bytes),
+        policy=make_policy(policy),
+        free_workers=list(range(workers)),
+    )
+
+
+def _set_state(info: TaskInfo, new: TaskState) -> None:
+    if new not in TRANSITIONS[info.state]:
+        raise SchedulerError(
+            f"task {info.task.task_id!r}: illegal transition {info.state.value} -> {new.value}"
+        )
+    info.state = new
+
+
+def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) -> None:
+    """Add a graph's tasks (a job arriving). With arrived=False, call `arrive` later.
+
+    Edges and locks may name tasks added earlier; locks must open at a new task.
+    """
+    new_ids = [task.task_id for task in graph.tasks]
+    known = state.tasks
+    problems: list[str] = []
+    seen: set[str] = set()
+    for task in graph.tasks:
+        if task.task_id in known or task.task_id in seen:
+            problems.append(f"duplicate task id {task.task_id!r}")
+        seen.add(task.task_id)
+        if task.duration_us < 0 or task.memory_bytes < 0:
+            problems.append(f"task {task.task_id!r}: negative duration or memory")
+        group = state.groups.get(task.group)
+        if group is not None and group.ended:
+            problems.append(f"task {task.task_id!r}: group {task.group!r} has already ended")
+    for before, after in graph.precedence + graph.start_after:
+        if after not in seen:
+            problems.append(f"edge ({before!r}, {after!r}) must end at a new task")
+        if before not in seen and before not in known:
+            problems.append(f"edge names unknown task {before!r}")
+    for lock in graph.locks:
+        if lock.from_task not in seen:
+            problems.append(f"lock {lock.lock_id!r} must open at a new task")
+        if lock.lock_id in state.locks:
+            problems.append(f"duplicate lock id {lock.lock_id!r}")
+        if lock.memory_bytes < 0:
+            problems.append(f"lock {lock.lock_id!r}: negative memory")
+        for task_id in lock.until_tasks:
+            if task_id not in seen and task_id not in known:
+                problems.append(f"lock {lock.lock_id!r} names unknown task {task_id!r}")
+    if not problems:
+        inner = tuple(
+            (a, b) for a, b in graph.precedence + graph.start_after if a in seen and b in seen
+        )
+        cycle = find_cycle(new_ids, inner)
+        if cycle:
+            problems.append("cyclic dependencies: " + " -> ".join(cycle))
+    if problems:
+        raise SchedulerError("; ".join(problems[:5]))
+
+    footprint = {task.task_id: task.memory_bytes for task in graph.tasks}
+    for lock in graph.locks:
+        footprint[lock.from_task] += lock.memory_bytes
+    added: list[TaskInfo] = []
+    for task in graph.tasks:
+        info = TaskInfo(task=task, footprint_bytes=footprint[task.task_id])
+        known[task.task_id] = info
+        added.append(info)
+        group = state.groups.get(task.group)
+        if group is None:
+            group = GroupInfo(name=task.group, key=(task.order, task.group))
+            state.groups[task.group] = group
+        elif task.order < group.key[0]:
+            group.key = (task.order, task.group)
+        group.task_ids.append(task.task_id)
+        group.open_count += 1
+        state.open_count += 1
+    # Predecessors that already ended badly doom their successors.
+    doomed: list[str] = []
+    for before, after in graph.precedence:
+        pred = known[before]
+        known[before].successors.append(after)
+        if pred.state is not TaskState.DONE:
+            known[after].waiting_preds += 1
+            if pred.state in TERMINAL:
+                doomed.append(after)
+    for before, after in graph.start_after:
+        pred = known[before]
+        pred.start_successors.append(after)
+        if not pred.started:
+            known[after].waiting_starts += 1
+            if pred.state in TERMINAL:
+                doomed.append(after)
+    for lock in graph.locks:
+        open_until = 0
+        for task_id in lock.until_tasks:
+            known[task_id].locks_until.append(lock.lock_id)
+            if known[task_id].state not in TERMINAL:
+                open_until += 1
+        known[lock.from_task].locks_from.append(lock.lock_id)
+        state.locks[lock.lock_id] = LockInfo(lock=lock, open_until=open_until)
+    for info in added:
+        state.policy.on_added(state, info)
+    for task_id in doomed:
+        info = known[task_id]
+        if info.state not in TERMINAL:
+            _end_group(state, info.task.group, GroupStatus.CANCELLED,
+                       "a predecessor had already ended without running")
+    if arrived:
+        arrive(state, new_ids)
+
+
+def arrive(state: SchedulerState, task_ids: Iterable[str]) -> None:
+    """Tasks reach their release time (the simulator calls this at release_us)."""
+    for task_id in task_ids:
+        info = state.tasks[task_id]
+        if info.arrived:
+            continue
+        info.arrived = True
+        state.groups[info.task.group].arrived_count += 1
+        _try_ready(state, info)
+
+
+def _try_ready(state: SchedulerState, info: TaskInfo) -> None:
+    if (
+        info.state is TaskState.PENDING
+        and info.arrived
+        and info.waiting_preds == 0
+        and info.waiting_starts == 0
+        and info.task.group not in state.gated
+    ):
+        _set_state(info, TaskState.READY)
+        info.ready_epoch += 1
+        state.policy.on_ready(state, info)
+
+
+def select(state: SchedulerState) -> list[Dispatch]:
+    """Dispatch ready tasks to idle workers, as the policy decides; reserves their memory."""
+    dispatches: list[Dispatch] = []
+    while state.free_workers:
+        task_id = state.policy.pick(state)
+        if task_id is None:
+            break
+        dispatches.append(_start(state, task_id))
+    return dispatches
+
+
+def _start(state: SchedulerState, task_id: str) -> Dispatch:
+    info = state.tasks[task_id]
+    _set_state(info, TaskState.RUNNING)
+    info.started = True
+    info.worker = heapq.heappop(state.free_workers)
+    state.running_count += 1
+    ledger = state.ledger
+    over_commit = not ledger.fits(info.footprint_bytes)
+    ledger.reserve(info.footprint_bytes, allow_over_budget=True)
+    if over_commit:
+        reason = "progress" if state.policy.memory_aware else "oblivious"
+        state.over_commits.append(
+            OverCommit(task_id, info.footprint_bytes, ledger.reserved_bytes, reason)
+        )
+    for lock_id in info.locks_from:
+        state.locks[lock_id].held = True
+    state.groups[info.task.group].started_count += 1
+    state.policy.on_started(state, info)
+    for successor_id in info.start_successors:
+        successor = state.tasks[successor_id]
+        successor.waiting_starts -= 1
+        _try_ready(state, successor)
+    return Dispatch(task_id, info.worker, over_commit)
+
+
+def finish(state: SchedulerState, task_id: str, ok: bool = True) -> Finished:
+    """A running task ended. ok=False: it failed (or was stopped, if its group had ended).
+
+    A failure fails the task's group: its pending tasks are cancelled and its
+    other running tasks are listed in `to_terminate`. Returns everything that
+    changed, including effects of earlier gate/cancel calls not yet taken.
+    """
+    info = state.tasks.get(task_id)
+    if info is None or info.state is not TaskState.RUNNING:
+        raise SchedulerError(f"finish({task_id!r}): task is not running")
+    group = state.groups[info.task.group]
+    if ok:
+        status = TaskState.DONE
+    elif group.status is not GroupStatus.ACTIVE:
+        status = TaskState.CANCELLED  # stopped on purpose because its group ended
+    else:
+        status = TaskState.FAILED
+    _set_state(info, status)
+    state.running_count -= 1
+    heapq.heappush(state.free_workers, info.worker)
+    state.ledger.release(info.task.memory_bytes)
+    state.events.released_bytes += info.task.memory_bytes
+    to_terminate: list[str] = []
+    failed_groups: list[str] = []
+    if status is TaskState.FAILED:
+        failed_groups.append(group.name)
+        to_terminate += _end_group(state, group.name, GroupStatus.FAILED,
+                                   f"task {task_id!r} failed")
+    _task_ended(state, info)
+    if status is TaskState.DONE:
+        for successor_id in info.successors:
+            successor = state.tasks[successor_id]
+            successor.waiting_preds -= 1
+            _try_ready(state, successor)
+    else:
+        to_terminate += _doom_successors(state, info, info.successors)
+    events = take_events(state)
+    return Finished(
+        task_id=task_id,
+        status=status,
+        released_bytes=events.released_bytes,
+        released_locks=events.released_locks,
+        newly_cancelled=events.newly_cancelled,
+        newly_failed_groups=failed_groups,
+        to_terminate=to_terminate,
+        ended_groups=events.ended_groups,
+    )
+
+
+def _task_ended(state: SchedulerState, info: TaskInfo) -> None:
+    """Bookkeeping shared by every way a task ends: locks, group, policy."""
+    state.open_count -= 1
+    for lock_id in info.locks_from:
+        lock_info = state.locks[lock_id]
+        lock_info.from_ended = True
+        _maybe_release(state, lock_info)
+    for lock_id in info.locks_until:
+        lock_info = state.locks[lock_id]
+        lock_info.open_until -= 1
+        _maybe_release(state, lock_info)
+    state.policy.on_ended(state, info)
+    group = state.groups[info.task.group]
+    group.open_count -= 1
+    _check_group_end(state, group)
+
+
+def _maybe_release(state: SchedulerState, lock_info: LockInfo) -> None:
+    if lock_info.from_ended and lock_info.open_until == 0 and not lock_info.released:
+        lock_info.released = True
+        if lock_info.held:
+            state.ledger.release(lock_info.lock.memory_bytes)
+            state.events.released_bytes += lock_info.lock.memory_bytes
+            state.events.released_locks.append(lock_info.lock)
+
+
+def _check_group_end(state: SchedulerState, group: GroupInfo) -> None:
+    if group.open_count == 0 and not group.ended:
+        group.ended = True
+        if group.status is GroupStatus.ACTIVE:
+            group.status = GroupStatus.DONE
+        state.gated.discard(group.name)
+        state.events.ended_groups.append((group.name, group.status))
+
+
+def _cancel_unstarted(state: SchedulerState, info: TaskInfo) -> list[str]:
+    """Cancel a task that never ran; returns running tasks of other groups to stop."""
+    _set_state(info, TaskState.CANCELLED)
+    state.events.newly_cancelled.append(info.task.task_id)
+    _task_ended(state, info)
+    return _doom_successors(state, info, info.successors + info.start_successors)
+
+
+def _doom_successors(state: SchedulerState, info: TaskInfo, successor_ids: list[str]) -> list[str]:
+    """Successors of a task that will never complete can never run: end their groups."""
+    to_terminate: list[str] = []
+    for successor_id in successor_ids:
+        successor = state.tasks[successor_id]
+        if successor.state in (TaskState.PENDING, TaskState.READY):
+            group_name = successor.task.group
+            if state.groups[group_name].status is GroupStatus.ACTIVE:
+                to_terminate += _end_group(
+                    state, group_name, GroupStatus.CANCELLED,
+                    f"predecessor {info.task.task_id!r} did not complete",
+                )
+            elif successor.state is not TaskState.CANCELLED:
+                to_terminate += _cancel_unstarted(state, successor)
+    return to_terminate
+
+
+def _end_group(state: SchedulerState, group_name: str, status: GroupStatus,
+               reason: str) -> list[str]:
+    """Fail or cancel a group: cancel its unstarted tasks; return its running ones."""
+    group = state.groups.get(group_name)
+    if group is None or group.status is not GroupStatus.ACTIVE:
+        return []
+    group.status = status
+    group.reason = reason
+    running: list[str] = []
+    other_running: list[str] = []
+    for task_id in group.task_ids:
+        info = state.tasks[task_id]
+        if info.state in (TaskState.PENDING, TaskState.READY):
+            other_running += _cancel_unstarted(state, info)
+        elif info.state is TaskState.RUNNING:
+            running.append(task_id)
+    _check_group_end(state, group)
+    return running + other_running
+
+
+def fail_group(state: SchedulerState, group: str, reason: str) -> list[str]:
+    """Mark a network instance failed. Returns the running task ids to terminate.
+
+    Their memory returns when the executor reports them with `finish`; the
+    tasks it cancelled and the locks it released are in `take_events`.
+    """
+    return _end_group(state, group, GroupStatus.FAILED, reason)
+
+
+def cancel_group(state: SchedulerState, group: str, reason: str) -> list[str]:
+    """Cancel (skip or abort) a network instance. Returns the running task ids to terminate."""
+    return _end_group(state, group, GroupStatus.CANCELLED, reason)
+
+
+def gate_group(state: SchedulerState, group: str) -> None:
+    """Context-aware wait: the group's tasks stop becoming ready until `open_group`.
+
+    Works before the group's tasks are added. Running tasks are not affected.
+    """
+    state.gated.add(group)
+    info = state.groups.get(group)
+    if info is None:
+        return
+    for task_id in info.task_ids:
+        task_info = state.tasks[task_id]
+        if task_info.state is TaskState.READY:
+            # The policy's heap entry goes stale through the epoch on re-ready.
+            _set_state(task_info, TaskState.PENDING)
+
+
+def open_group(state: SchedulerState, group: str) -> None:
+    """Lift a gate: the group's tasks become ready as their dependencies allow."""
+    state.gated.discard(group)
+    info = state.groups.get(group)
+    if info is None:
+        return
+    for task_id in info.task_ids:
+        _try_ready(state, state.tasks[task_id])
+
+
+def take_events(state: SchedulerState) -> CoreEvents:
+    """Released locks, cancelled tasks and ended groups since the last call (then cleared)."""
+    events = state.events
+    state.events = CoreEvents()
+    return events
+
+
+def task_state(state: SchedulerState, task_id: str) -> TaskState:
+    return state.tasks[task_id].state
+
+
+def group_status(state: SchedulerState, group: str) -> GroupStatus:
+    return state.groups[group].status
+
+
+def is_finished(state: SchedulerState) -> bool:
+    """Every task added so far has ended."""
+    return state.open_count == 0
+
+
+def unfinished_task_ids(state: SchedulerState) -> list[str]:
+    return [task_id for task_id, info in state.tasks.items() if info.state not in TERMINAL]
+
+
+def ready_task_ids(state: SchedulerState, kind: TaskKind | None = None) -> list[str]:
+    """Ready tasks (for inspection and tests; O(n))."""
+    return [
+        task_id for task_id, info in state.tasks.items()
+        if info.state is TaskState.READY and (kind is None or info.task.kind is kind)
+    ]

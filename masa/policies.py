@@ -1,0 +1,236 @@
+"""The three dispatch policies: masa (Algorithm 1), bulk and deepeye.
+
+Each policy is told by masa.core when a task is added, becomes ready, starts
+and ends, and is asked `pick(state)` for the next task to start on an idle
+worker (or None). Policies are pure: heaps of plain tuples, no clocks or I/O.
+Every decision costs O(log n) in ready tasks: heap entries are never re-sorted;
+entries of tasks that stopped being ready are dropped lazily when they reach
+the top (their state or ready epoch no longer matches).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from masa.core import GroupStatus, SchedulerState, TaskInfo, TaskState
+from masa.errors import UserError
+from masa.taskgraph import TaskKind
+
+# A ready-heap entry: (sort key..., task_id, ready_epoch); the last two are checked.
+_Entry = tuple
+
+
+def _valid_top(state: SchedulerState, heap: list[_Entry]) -> _Entry | None:
+    """The heap's smallest entry that is still a ready task, dropping stale ones."""
+    tasks = state.tasks
+    while heap:
+        entry = heap[0]
+        info = tasks[entry[-2]]
+        if info.state is TaskState.READY and info.ready_epoch == entry[-1]:
+            return entry
+        heapq.heappop(heap)
+    return None
+
+
+class MasaPolicy:
+    """The paper's Algorithm 1 on per-layer tasks.
+
+    Idle worker: ready EXEC tasks first (they free memory; UNLOAD counts as an
+    EXEC), then LOADs; within a kind, ascending footprint (direct memory plus
+    the locks the task opens), ties by Task.order then task id. A kind's heap
+    is ordered by footprint, so when its smallest task does not fit in free
+    memory none does. If nothing fits and no worker is busy, the smallest task
+    of the preferred kind runs anyway (progress rule, recorded as over-commit).
+    """
+
+    name = "masa"
+    memory_aware = True
+
+    def __init__(self) -> None:
+        self._execs: list[_Entry] = []
+        self._loads: list[_Entry] = []
+
+    def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
+        pass
+
+    def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
+        task = info.task
+        heap = self._loads if task.kind is TaskKind.LOAD else self._execs
+        heapq.heappush(heap, (info.footprint_bytes, task.order, task.task_id, info.ready_epoch))
+
+    def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
+        pass
+
+    def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
+        pass
+
+    def pick(self, state: SchedulerState) -> str | None:
+        free_bytes = state.ledger.free_bytes()
+        exec_top = _valid_top(state, self._execs)
+        if exec_top is not None and exec_top[0] <= free_bytes:
+            return heapq.heappop(self._execs)[-2]
+        load_top = _valid_top(state, self._loads)
+        if load_top is not None and load_top[0] <= free_bytes:
+            return heapq.heappop(self._loads)[-2]
+        if state.running_count == 0:
+            if exec_top is not None:
+                return heapq.heappop(self._execs)[-2]
+            if load_top is not None:
+                return heapq.heappop(self._loads)[-2]
+        return None
+
+
+class _Lane:
+    """One network instance at a time, in arrival order: its loads, then its execs.
+
+    `wait_for_loads`: a group's EXECs start only once all its LOADs in this
+    lane have ended (bulk; DeepEye's conv lane). Memory-oblivious.
+    """
+
+    def __init__(self, wait_for_loads: bool) -> None:
+        self.wait_for_loads = wait_for_loads
+        self.running = 0
+        self._groups: list[tuple[tuple[tuple[int, ...], str], str]] = []
+        self._ready: dict[str, list[_Entry]] = {}
+        self._open_tasks: dict[str, int] = {}
+        self._open_loads: dict[str, int] = {}
+
+    def added(self, state: SchedulerState, info: TaskInfo) -> None:
+        group = info.task.group
+        if group not in self._open_tasks:
+            self._open_tasks[group] = 0
+            self._open_loads[group] = 0
+            self._ready[group] = []
+            heapq.heappush(self._groups, (state.groups[group].key, group))
+        self._open_tasks[group] += 1
+        if info.task.kind is TaskKind.LOAD:
+            self._open_loads[group] += 1
+
+    def ready(self, info: TaskInfo) -> None:
+        task = info.task
+        phase = 0 if task.kind is TaskKind.LOAD else 1
+        heapq.heappush(self._ready[task.group],
+                       (phase, task.order, task.task_id, info.ready_epoch))
+
+    def ended(self, info: TaskInfo) -> None:
+        group = info.task.group
+        self._open_tasks[group] -= 1
+        if info.task.kind is TaskKind.LOAD:
+            self._open_loads[group] -= 1
+        if info.started:
+            self.running -= 1
+
+    def _current_group(self, state: SchedulerState) -> str | None:
+        skipped: list[tuple[tuple[tuple[int, ...], str], str]] = []
+        found: str | None = None
+        while self._groups:
+            group = self._groups[0][1]
+            if self._open_tasks[group] == 0:
+                heapq.heappop(self._groups)
+                del self._open_tasks[group], self._open_loads[group], self._ready[group]
+                continue
+            info = state.groups[group]
+            if (group in state.gated or info.status is not GroupStatus.ACTIVE
+                    or info.arrived_count == 0):
+                # Gated, ending, or not yet arrived: the next network goes first.
+                skipped.append(heapq.heappop(self._groups))
+                continue
+            found = group
+            break
+        for entry in skipped:
+            heapq.heappush(self._groups, entry)
+        return found
+
+    def pick(self, state: SchedulerState) -> str | None:
+        group = self._current_group(state)
+        if group is None:
+            return None
+        heap = self._ready[group]
+        top = _valid_top(state, heap)
+        if top is None:
+            return None
+        if top[0] == 1 and self.wait_for_loads and self._open_loads[group] > 0:
+            return None
+        return heapq.heappop(heap)[-2]
+
+
+class BulkPolicy:
+    """One network instance at a time in arrival order (job, network): load all
+    its stages (in parallel on k workers), then execute them. Memory-oblivious."""
+
+    name = "bulk"
+    memory_aware = False
+
+    def __init__(self) -> None:
+        self._lane = _Lane(wait_for_loads=True)
+
+    def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane.added(state, info)
+
+    def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane.ready(info)
+
+    def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane.running += 1
+
+    def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane.ended(info)
+
+    def pick(self, state: SchedulerState) -> str | None:
+        return self._lane.pick(state)
+
+
+class DeepEyePolicy:
+    """DeepEye: convolution-stage execution interleaved with FC-stage loading.
+
+    Two lanes, as the reference code's two pools: the conv lane (conv and
+    other stages) and the fc lane; each runs one network instance at a time in
+    arrival order, loads before execs. A network's first conv EXEC waits for
+    its last conv LOAD; FC EXECs wait only for their data. An idle worker
+    serves the lane with fewer running tasks (conv on a tie), so FC weights
+    load while convolutions run. Memory-oblivious.
+    """
+
+    name = "deepeye"
+    memory_aware = False
+
+    def __init__(self) -> None:
+        self._conv = _Lane(wait_for_loads=True)
+        self._fc = _Lane(wait_for_loads=False)
+
+    def _lane(self, info: TaskInfo) -> _Lane:
+        return self._fc if info.task.layer_type == "fc" else self._conv
+
+    def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane(info).added(state, info)
+
+    def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane(info).ready(info)
+
+    def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane(info).running += 1
+
+    def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
+        self._lane(info).ended(info)
+
+    def pick(self, state: SchedulerState) -> str | None:
+        first, second = (
+            (self._fc, self._conv) if self._fc.running < self._conv.running
+            else (self._conv, self._fc)
+        )
+        task_id = first.pick(state)
+        return task_id if task_id is not None else second.pick(state)
+
+
+POLICY_NAMES: tuple[str, ...] = ("masa", "bulk", "deepeye")
+
+
+def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
+    """A fresh policy by name; an unknown name is a UserError."""
+    if name == "masa":
+        return MasaPolicy()
+    if name == "bulk":
+        return BulkPolicy()
+    if name == "deepeye":
+        return DeepEyePolicy()
+    raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
