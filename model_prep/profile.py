@@ -1,0 +1,609 @@
+"""The per-stage profiler: load time, exec time and memory of every stage, measured exactly.
+
+This module owns how a stage's cost is measured (docs/profiling.md explains the
+method and its caveats). `profile_network` profiles the stages of a prepared
+network one at a time in a fresh worker process and returns one
+`StageProfile` per stage plus the `RuntimeBase` the worker paid once.
+
+Per stage, in the worker:
+- load: `create_session(path)` (file read + session creation), timed once;
+- resident: RSS increase that stays after the load (after gc + malloc_trim);
+- exec peak: the first run on the freshly loaded session, which is what the
+  scheduler runs (load, one exec, unload); exec time: median of `runs` further
+  runs after that warm-up, on seeded random inputs (dynamic dims -> 1).
+Every memory figure is an increase over the RSS just before the operation,
+measured after `release_memory()` so freed-but-cached heap is not counted.
+
+Peaks are measured two ways at once. The kernel's exact VmHWM, reset through
+/proc/self/clear_refs before each operation (masa.procmem). And a sampling
+thread reading the worker's /proc/PID/statm as fast as it can; that thread
+lives in the *supervising* process because ONNX Runtime holds the GIL during
+session creation, so a sampling thread inside the worker would be frozen for
+exactly the load it should observe. The supervisor and worker handshake around
+each measured operation so the sampler is already running when it starts.
+Where clear_refs is not permitted the VmHWM figures fall back to the sampled
+peak, and the log says so.
+
+Isolation: `isolation="recycle"` (default) profiles every stage in one worker,
+dropping the session and trimming the heap between stages; `"process"` spawns
+one worker per stage. Both pay the runtime base (imports + a throwaway first
+session) before measuring anything; docs/profiling.md compares the two.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from masa.errors import UserError
+from model_prep.manifest import NetworkManifest, RuntimeBase, StageProfile, TensorSpec
+
+log = logging.getLogger(__name__)
+
+ISOLATION_MODES = ("recycle", "process")
+DEFAULT_RUNS = 5
+# Timestamps kept for the median sampling interval; the ring lives in the
+# supervisor, so its size never shows in the worker's RSS.
+_SAMPLE_RING = 1 << 16
+
+ProgressCallback = Callable[[int, int, str], None]  # (stages done, total, stage id)
+
+
+class ProfileError(UserError):
+    """A stage could not be profiled (bad stage file, worker died): one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class _StageJob:
+    """What the worker needs to profile one stage (picklable, no manifest objects)."""
+
+    stage_id: str
+    path: str
+    inputs: tuple[TensorSpec, ...]
+    runs: int
+    warmup_runs: int
+    seed: tuple[int, int]  # (user seed, stage index): same inputs in either isolation mode
+    sample_attempts: int
+    gap_limit_us: float
+
+
+# ------------------------------------------------------------------ supervisor
+
+
+@dataclass(frozen=True)
+class SampledPeak:
+    """What the statm sampler saw during one phase."""
+
+    peak_bytes: int  # largest RSS sampled
+    median_interval_us: float  # over the last (up to 65536) samples
+    max_gap_us: float  # longest time between two samples: longer gaps can miss a spike
+    samples: int
+
+
+class StatmSampler:
+    """A thread that polls /proc/PID/statm of another process as fast as it can.
+
+    `begin()` starts a sampling phase and returns once the first sample is
+    taken (so the operation the caller starts next is fully observed);
+    `end()` stops it and returns what was seen. Between phases the thread
+    blocks on an event and uses no CPU.
+    """
+
+    def __init__(self, pid: int):
+        self._fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE")
+        self._go = threading.Event()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._active = False
+        self._closing = False
+        self._result = SampledPeak(0, 0.0, 0.0, 0)
+        self._thread = threading.Thread(target=self._loop, name=f"statm-{pid}", daemon=True)
+        self._thread.start()
+
+    def begin(self) -> None:
+        self._active = True
+        self._started.clear()
+        self._done.clear()
+        self._go.set()
+        self._started.wait()
+
+    def end(self) -> SampledPeak:
+        self._active = False
+        self._done.wait()
+        return self._result
+
+    def close(self) -> None:
+        self._closing = True
+        self._active = False
+        self._go.set()
+        self._thread.join()
+        os.close(self._fd)
+
+    def _loop(self) -> None:
+        fd, pread, clock = self._fd, os.pread, time.perf_counter_ns
+        ring = [0] * _SAMPLE_RING
+        mask = _SAMPLE_RING - 1
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._closing:
+                return
+            peak_pages = 0
+            count = 0
+            max_gap_ns = 0
+            last_ns = clock()
+            try:
+                # The hot loop: one pread, one split, two compares. Anything more
+                # lengthens the interval and can miss a short allocation spike.
+                while True:
+                    pages = int(pread(fd, 96, 0).split()[1])
+                    now_ns = clock()
+                    ring[count & mask] = now_ns
+                    if now_ns - last_ns > max_gap_ns:
+                        max_gap_ns = now_ns - last_ns
+                    last_ns = now_ns
+                    count += 1
+                    if pages > peak_pages:
+                        peak_pages = pages
+                    if count == 1:
+                        max_gap_ns = 0
+                        self._started.set()
+                    if not self._active:
+                        break
+            except (OSError, IndexError, ValueError):
+                self._started.set()  # the worker exited; end() reports what was seen
+            kept = min(count, _SAMPLE_RING)
+            interval_us = 0.0
+            if kept >= 2:
+                first = count - kept
+                stamps = [ring[(first + i) & mask] for i in range(kept)]
+                interval_us = statistics.median(
+                    b - a for a, b in zip(stamps, stamps[1:], strict=False)) / 1000.0
+            self._result = SampledPeak(peak_pages * self._page_bytes, interval_us,
+                                       max_gap_ns / 1000.0, count)
+            self._done.set()
+
+
+class _Worker:
+    """One worker process and the supervisor's side of the handshake protocol."""
+
+    def __init__(self, context: Any, throwaway_path: str, kernel_peak: bool, sample: bool):
+        self._conn, child_conn = context.Pipe()
+        self.process = context.Process(
+            target=_worker_main, args=(child_conn, throwaway_path, kernel_peak),
+            name="masa-profile-worker", daemon=True,
+        )
+        self.process.start()
+        child_conn.close()
+        self.sampler = StatmSampler(self.process.pid) if sample else None
+        try:
+            message = self._receive("starting the profiling worker")
+        except ProfileError:
+            self.close()
+            raise
+        if message[0] == "error":
+            self.close()
+            raise ProfileError(f"profiling worker failed to start: {message[1]}")
+        self.runtime_base: RuntimeBase = message[1]
+        self.kernel_peak_exact: bool = message[2]
+
+    def profile(self, job: _StageJob) -> tuple[StageProfile, bool]:
+        """Profile one stage; returns its profile and whether VmHWM was exact."""
+        self._conn.send(("stage", job, self.sampler is not None))
+        phases: dict[str, _PhaseRecord] = {}
+        while True:
+            message = self._receive(f"stage {job.stage_id!r} ({job.path})")
+            kind = message[0]
+            if kind == "begin":
+                assert self.sampler is not None
+                self.sampler.begin()
+                self._conn.send("go")
+            elif kind == "end":
+                assert self.sampler is not None
+                _, phase, base_rss, exact_increase = message
+                record = phases.setdefault(phase, _PhaseRecord())
+                seen = self.sampler.end()
+                record.add(seen, base_rss, exact_increase)
+                # A long gap means the sampler thread was descheduled (other
+                # processes on the machine) and may have missed the peak:
+                # observe the operation again and keep the largest figures.
+                again = seen.max_gap_us > job.gap_limit_us and \
+                    record.attempts < job.sample_attempts
+                self._conn.send("again" if again else "done")
+            elif kind == "error":
+                raise ProfileError(f"{job.path}: profiling stage {job.stage_id!r} failed: "
+                                   f"{message[1]}")
+            elif kind == "result":
+                for phase, record in phases.items():
+                    if record.min_gap_us > job.gap_limit_us:
+                        log.info("stage %s %s: the sampler was descheduled for up to %.1f ms "
+                                 "in every one of %d attempts; its peak may be low",
+                                 job.stage_id, phase, record.min_gap_us / 1000,
+                                 record.attempts)
+                return _build_profile(message[1], phases, job), message[2]
+
+    def _receive(self, doing: str) -> Any:
+        # Wait on the pipe and on the process at once: a worker killed by the
+        # OOM killer must end the wait with an error, not hang the profiler.
+        ready = multiprocessing.connection.wait([self._conn, self.process.sentinel])
+        if self._conn in ready:
+            try:
+                return self._conn.recv()
+            except EOFError:
+                pass
+        self.process.join()
+        code = self.process.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else \
+            f"exited with status {code}"
+        hint = " (out of memory?)" if code == -9 else ""
+        raise ProfileError(f"profiling worker {how}{hint} while {doing}")
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self._conn.send(("quit",))
+            except OSError:
+                pass
+            self.process.join(timeout=30)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        if self.sampler is not None:
+            self.sampler.close()
+        self._conn.close()
+
+
+class _PhaseRecord:
+    """The sampled attempts at one phase (load or exec) of one stage."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.sampled_increase_bytes = 0
+        self.exact_increase_bytes = 0
+        self.intervals_us: list[float] = []
+        self.min_gap_us = float("inf")
+
+    def add(self, seen: SampledPeak, base_rss: int, exact_increase: int) -> None:
+        self.attempts += 1
+        self.sampled_increase_bytes = max(self.sampled_increase_bytes,
+                                          seen.peak_bytes - base_rss)
+        self.exact_increase_bytes = max(self.exact_increase_bytes, exact_increase)
+        if seen.samples > 1:
+            self.intervals_us.append(seen.median_interval_us)
+        self.min_gap_us = min(self.min_gap_us, seen.max_gap_us)
+
+
+def _build_profile(
+    measured: dict[str, Any], phases: dict[str, _PhaseRecord], job: _StageJob
+) -> StageProfile:
+    exact = measured["kernel_peak"]
+    figures = {}
+    for phase in ("load", "exec"):
+        record = phases.get(phase)
+        if record is None:  # sampling off: only the exact figure exists
+            figures[phase] = (measured[f"{phase}_peak_bytes"],) * 2
+        else:
+            sampled = max(0, record.sampled_increase_bytes)
+            # Without clear_refs the "exact" figure is the sampled one (fallback).
+            figures[phase] = (record.exact_increase_bytes if exact else sampled, sampled)
+    intervals = [i for record in phases.values() for i in record.intervals_us]
+    return StageProfile(
+        load_time_us=measured["load_time_us"],
+        exec_time_us=measured["exec_time_us"],
+        exec_runs=job.runs,
+        load_peak_bytes=figures["load"][0],
+        resident_bytes=measured["resident_bytes"],
+        exec_peak_bytes=figures["exec"][0],
+        sampled_load_peak_bytes=figures["load"][1],
+        sampled_exec_peak_bytes=figures["exec"][1],
+        sampling_interval_us=round(statistics.median(intervals), 3) if intervals else 0.0,
+    )
+
+
+def _write_throwaway_model(directory: str) -> str:
+    """A tiny Conv+Gemm model for the worker's first session (pays one-time ORT setup)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    conv_w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    gemm_w = rng.standard_normal((4 * 8 * 8, 8), dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"]),
+            helper.make_node("Gemm", ["f", "gemm_w"], ["y"]),
+        ],
+        "masa_throwaway",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(gemm_w, "gemm_w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    path = os.path.join(directory, "throwaway.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def profile_network(
+    manifest: NetworkManifest,
+    runs: int = DEFAULT_RUNS,
+    *,
+    warmup_runs: int = 1,
+    isolation: str = "recycle",
+    seed: int = 0,
+    sample: bool = True,
+    sample_attempts: int = 3,
+    gap_limit_us: float = 1000.0,
+    kernel_peak: bool = True,
+    stage_ids: Sequence[str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> tuple[dict[str, StageProfile], RuntimeBase]:
+    """Profile every stage (or `stage_ids`) of a prepared network, one at a time.
+
+    runs: timed runs per stage (exec time is their median), after `warmup_runs`
+    untimed runs (at least 1: the first run is the one whose peak is measured).
+    isolation: "recycle" (one worker, cleaned between stages) or "process"
+    (a fresh worker process per stage). sample: also run the statm sampler;
+    an observed operation is repeated (up to `sample_attempts` times in all)
+    while the sampler saw a gap longer than `gap_limit_us` between samples,
+    and the largest figures are kept.
+    kernel_peak: use VmHWM via clear_refs (False forces the sampled fallback).
+    Returns ({stage id: profile}, runtime base of the worker; the median over
+    workers with isolation="process").
+    """
+    if runs < 1:
+        raise UserError(f"profile: --runs expected a positive integer, got {runs}")
+    if warmup_runs < 1:
+        raise UserError(f"profile: warm-up runs expected a positive integer, got {warmup_runs}")
+    if isolation not in ISOLATION_MODES:
+        raise UserError(f"profile: isolation expected one of {', '.join(ISOLATION_MODES)}, "
+                        f"got {isolation!r}")
+    if sample_attempts < 1:
+        raise UserError(f"profile: sample attempts expected a positive integer, "
+                        f"got {sample_attempts}")
+    if not kernel_peak and not sample:
+        raise UserError("profile: with the kernel peak off, the sampler must be on")
+    stages = list(manifest.stages)
+    if stage_ids is not None:
+        known = {stage.stage_id for stage in stages}
+        unknown = [s for s in stage_ids if s not in known]
+        if unknown:
+            raise UserError(f"profile: unknown stage id(s) {', '.join(map(repr, unknown))} "
+                            f"in network {manifest.name!r}")
+        wanted = set(stage_ids)
+        stages = [stage for stage in stages if stage.stage_id in wanted]
+    selected = {stage.stage_id for stage in stages}
+    jobs = []
+    for index, stage in enumerate(manifest.stages):
+        if stage.stage_id in selected:
+            path = manifest.stage_path(stage).resolve()
+            if not path.is_file():
+                raise UserError(f"{path}: stage file of {manifest.name}/{stage.stage_id} "
+                                "does not exist")
+            jobs.append(_StageJob(stage.stage_id, str(path), stage.inputs, runs, warmup_runs,
+                                  (seed, index), sample_attempts, gap_limit_us))
+
+    # spawn, not fork: a forked child would inherit the supervisor's heap (and
+    # any ORT state), so its RSS would not be a fresh worker's.
+    context = multiprocessing.get_context("spawn")
+    profiles: dict[str, StageProfile] = {}
+    bases: list[RuntimeBase] = []
+    warned = False
+    with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
+        throwaway_path = _write_throwaway_model(temp_dir)
+        worker: _Worker | None = None
+        try:
+            for done, job in enumerate(jobs):
+                if worker is None:
+                    worker = _Worker(context, throwaway_path, kernel_peak, sample)
+                    bases.append(worker.runtime_base)
+                profile, exact = worker.profile(job)
+                if not exact and not warned:
+                    log.warning("/proc/self/clear_refs is not permitted here: peak figures "
+                                "fall back to the sampled peak (statm polling), which can "
+                                "miss short spikes")
+                    warned = True
+                profiles[job.stage_id] = profile
+                log.debug("stage %s: %s", job.stage_id, profile)
+                if isolation == "process":
+                    worker.close()
+                    worker = None
+                if progress is not None:
+                    progress(done + 1, len(jobs), job.stage_id)
+        finally:
+            if worker is not None:
+                worker.close()
+    if not bases:  # nothing to profile: still report what a worker costs
+        with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
+            worker = _Worker(context, _write_throwaway_model(temp_dir), kernel_peak, False)
+            bases.append(worker.runtime_base)
+            worker.close()
+    return profiles, _median_base(bases)
+
+
+def _median_base(bases: list[RuntimeBase]) -> RuntimeBase:
+    return RuntimeBase(
+        process_rss_bytes=int(statistics.median(b.process_rss_bytes for b in bases)),
+        first_session_bytes=int(statistics.median(b.first_session_bytes for b in bases)),
+        first_session_time_us=int(statistics.median(b.first_session_time_us for b in bases)),
+    )
+
+
+# ---------------------------------------------------------------------- worker
+# Everything below runs in the worker process. It imports only numpy,
+# onnxruntime and masa's session/procmem helpers, so the runtime base is what
+# an executor's worker pays, not what the preparator (onnx, yaml) pays.
+
+
+def _worker_main(conn: Any, throwaway_path: str, kernel_peak: bool) -> None:
+    try:
+        base, exact = _measure_runtime_base(throwaway_path, kernel_peak)
+    except Exception as exc:  # reported to the supervisor, which raises ProfileError
+        conn.send(("error", _one_line(exc)))
+        return
+    conn.send(("base", base, exact))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message[0] == "quit":
+            return
+        _, job, handshake = message
+        try:
+            measured = _measure_stage(job, conn if handshake else None, kernel_peak and exact)
+        except Exception as exc:
+            conn.send(("error", _one_line(exc)))
+            continue
+        conn.send(("result", measured, kernel_peak and exact))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[RuntimeBase, bool]:
+    import numpy as np
+
+    from masa.procmem import reset_peak, rss_bytes
+    from masa.session import create_session, pin_malloc_threshold, release_memory
+
+    # Pinned before anything is measured (create_session would do it too), so
+    # the first session and every stage see the same allocator behaviour.
+    pin_malloc_threshold()
+    release_memory()
+    process_rss = rss_bytes()
+    exact = reset_peak() if kernel_peak else False
+    start_ns = time.perf_counter_ns()
+    session = create_session(throwaway_path)
+    first_session_time_us = (time.perf_counter_ns() - start_ns) // 1000
+    # One run too: the first run initialises per-process kernel state that
+    # would otherwise land in the first stage's exec figures.
+    session.run(None, {"x": np.zeros((1, 3, 8, 8), dtype=np.float32)})
+    del session
+    release_memory()
+    first_session = max(0, rss_bytes() - process_rss)
+    return RuntimeBase(process_rss, first_session, int(first_session_time_us)), exact
+
+
+def _random_inputs(inputs: Sequence[TensorSpec], seed: tuple[int, int]) -> dict[str, Any]:
+    """Seeded random tensors of the stage's input shapes (dynamic dims -> 1)."""
+    import numpy as np
+
+    rng = np.random.default_rng(list(seed))
+    feeds: dict[str, Any] = {}
+    for spec in inputs:
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            value = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        elif dtype.kind in "iu":
+            # Small non-negative integers are valid indices and counts.
+            value = rng.integers(0, 2, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            value = rng.random(shape) < 0.5
+        else:
+            raise ValueError(f"input {spec.name!r} has dtype {spec.dtype}, which the "
+                             "profiler cannot generate")
+        feeds[spec.name] = value
+    return feeds
+
+
+def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[str, Any]:
+    from masa.procmem import peak_rss_bytes, reset_peak, rss_bytes
+    from masa.session import create_session, release_memory
+
+    def peak_increase(base: int) -> int:
+        return max(0, peak_rss_bytes() - base) if kernel_peak else 0
+
+    def observed(phase: str, operation: Callable[[], Any]) -> int:
+        """Run `operation` under the supervisor's sampler (again while it asks);
+        the largest VmHWM increase over the attempts."""
+        assert conn is not None
+        largest = 0
+        while True:
+            release_memory()
+            base = rss_bytes()
+            conn.send(("begin", phase, base))
+            conn.recv()
+            if kernel_peak:
+                reset_peak()
+            result = operation()
+            increase = peak_increase(base)
+            largest = max(largest, increase)
+            conn.send(("end", phase, base, increase))
+            del result
+            if conn.recv() != "again":
+                return largest
+
+    def timed_load() -> tuple[Any, int, int, int]:
+        """(session, duration us, base RSS, VmHWM increase) of one load."""
+        release_memory()
+        base = rss_bytes()
+        if kernel_peak:
+            reset_peak()
+        start_ns = time.perf_counter_ns()
+        session = create_session(job.path)
+        duration_us = (time.perf_counter_ns() - start_ns) // 1000
+        return session, duration_us, base, peak_increase(base)
+
+    if conn is not None:
+        # The observed loads give both peak figures of the same operations. The
+        # sampler busy-polls from another core and slowed loads by 15-20% in
+        # tests, so the load time and resident size come from one more load
+        # that nobody watches.
+        load_peak = observed("load", lambda: create_session(job.path))
+        session, load_time_us, load_base, _ = timed_load()
+    else:
+        session, load_time_us, load_base, load_peak = timed_load()
+    release_memory()
+    resident = max(0, rss_bytes() - load_base)
+
+    feeds = _random_inputs(job.inputs, job.seed)
+    # The exec peak starts with the first run of the fresh session: the
+    # scheduler runs each loaded stage once, so memory that kernels allocate
+    # lazily on their first run belongs in this figure.
+    if conn is not None:
+        exec_peak = observed("exec", functools.partial(session.run, None, feeds))
+    else:
+        release_memory()
+        exec_base = rss_bytes()
+        if kernel_peak:
+            reset_peak()
+        outputs = session.run(None, feeds)
+        exec_peak = peak_increase(exec_base)
+        del outputs
+    for _ in range(job.warmup_runs - 1):
+        session.run(None, feeds)
+
+    durations_ns = []
+    for _ in range(job.runs):
+        start_ns = time.perf_counter_ns()
+        outputs = session.run(None, feeds)
+        durations_ns.append(time.perf_counter_ns() - start_ns)
+        del outputs
+    del session, feeds
+    release_memory()
+    return {
+        "load_time_us": int(load_time_us),
+        "exec_time_us": int(statistics.median(durations_ns) // 1000),
+        "load_peak_bytes": load_peak,
+        "resident_bytes": resident,
+        "exec_peak_bytes": exec_peak,
+        "kernel_peak": kernel_peak,
+    }
