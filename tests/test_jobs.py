@@ -1,0 +1,200 @@
+"""Tests for masa.jobs: jobs + manifests -> LOAD/EXEC task graphs with memory locks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from masa.errors import UserError
+from masa.jobs import (
+    ESTIMATE_EXEC_BYTES_PER_US,
+    ESTIMATE_EXEC_FIXED_US,
+    ESTIMATE_LOAD_BYTES_PER_US,
+    ESTIMATE_LOAD_FIXED_US,
+    build_job_graph,
+    build_workload_graph,
+    network_time_us,
+    stage_costs,
+    tensor_bytes,
+)
+from masa.taskgraph import TaskKind, validate_graph
+from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec
+from workloads.schema import JobSpec
+
+
+def _tensor(name: str, elements: int) -> TensorSpec:
+    return TensorSpec(name=name, dtype="float32", shape=(1, elements), size_bytes=4 * elements)
+
+
+def _profile(index: int) -> StageProfile:
+    # Distinct, index-dependent figures so a mix-up between stages shows.
+    return StageProfile(
+        load_time_us=1000 + index, exec_time_us=200 + index, exec_runs=5,
+        load_peak_bytes=5000 + 100 * index, resident_bytes=3000 + 10 * index,
+        exec_peak_bytes=700 + index, sampled_load_peak_bytes=0,
+        sampled_exec_peak_bytes=0, sampling_interval_us=2.0,
+    )
+
+
+def _manifest(name: str, edges: dict[str, tuple[str, ...]], profiled: bool = True,
+              layer_types: dict[str, str] | None = None) -> NetworkManifest:
+    """A network whose stages (in dict order) read the outputs of the listed producers."""
+    stages = []
+    for index, (stage_id, producers) in enumerate(edges.items()):
+        inputs = tuple(_tensor(f"{p}_out", 10 * (i + 1)) for i, p in enumerate(producers)) or (
+            _tensor("data", 8),)
+        stages.append(Stage(
+            stage_id=stage_id, file=f"stages/{stage_id}.onnx", sha256="0" * 64,
+            op_types=("Gemm",), layer_type=(layer_types or {}).get(stage_id, "fc"),
+            inputs=inputs, outputs=(_tensor(f"{stage_id}_out", 16 * (index + 1)),),
+            producers=producers, weight_bytes=40_000 * (index + 1),
+            profile=_profile(index) if profiled else None,
+        ))
+    return NetworkManifest(
+        name=name, source_path=f"{name}.onnx", source_sha256="0" * 64, ir_version=8,
+        opsets=(("", 17),), inputs=(_tensor("data", 8),),
+        outputs=(stages[-1].outputs[0],), stages=tuple(stages),
+    )
+
+
+CHAIN = {"s0": (), "s1": ("s0",), "s2": ("s1",)}
+# s0 feeds two branches that join in s3 (a residual / inception shape).
+DIAMOND = {"s0": (), "s1": ("s0",), "s2": ("s0",), "s3": ("s1", "s2")}
+
+
+def test_chain_job_has_two_tasks_and_two_locks_per_stage() -> None:
+    manifests = {"alpha": _manifest("alpha", CHAIN), "beta": _manifest("beta", DIAMOND)}
+    job = JobSpec(job_id=4, arrival_us=12_345, networks=("alpha", "beta"))
+    graph = build_job_graph(job, manifests, ["alpha", "beta"])
+
+    stage_count = len(CHAIN) + len(DIAMOND)
+    assert len(graph.tasks) == 2 * stage_count
+    assert len(graph.locks) == 2 * stage_count
+    producer_edges = sum(len(p) for p in CHAIN.values()) + sum(len(p) for p in DIAMOND.values())
+    assert len(graph.precedence) == stage_count + producer_edges
+    assert len(graph.start_after) == producer_edges
+    assert validate_graph(graph) == []
+    ids = [task.task_id for task in graph.tasks]
+    assert len(set(ids)) == len(ids)
+    assert len({lock.lock_id for lock in graph.locks}) == len(graph.locks)
+    assert {task.release_us for task in graph.tasks} == {12_345}
+    assert graph.task("j4/beta/s3/exec").group == "j4/beta"
+    assert graph.task("j4/beta/s3/exec").order == (4, 1, 3)
+    assert graph.task("j4/alpha/s0/load").order == (4, 0, 0)
+
+
+def test_memory_and_durations_come_from_the_profile() -> None:
+    manifest = _manifest("alpha", CHAIN, layer_types={"s0": "conv"})
+    graph = build_job_graph(JobSpec(0, 0, ("alpha",)), {"alpha": manifest}, ["alpha"])
+    for index, stage in enumerate(manifest.stages):
+        profile = _profile(index)
+        load = graph.task(f"j0/alpha/{stage.stage_id}/load")
+        run = graph.task(f"j0/alpha/{stage.stage_id}/exec")
+        assert load.kind is TaskKind.LOAD and run.kind is TaskKind.EXEC
+        assert load.duration_us == profile.load_time_us
+        assert load.memory_bytes == profile.load_peak_bytes - profile.resident_bytes
+        assert run.duration_us == profile.exec_time_us
+        assert run.memory_bytes == profile.exec_peak_bytes
+        assert load.layer_type == run.layer_type == stage.layer_type
+        # A LOAD needs its transient plus the resident lock it opens.
+        assert graph.footprint_bytes(load.task_id) == profile.load_peak_bytes
+    assert graph.task("j0/alpha/s0/exec").layer_type == "conv"
+
+
+def test_load_transient_is_never_negative() -> None:
+    manifest = _manifest("alpha", {"s0": ()})
+    stage = manifest.stages[0]
+    odd = StageProfile(**{**_profile(0).__dict__, "load_peak_bytes": 10, "resident_bytes": 99})
+    stage_with_odd_profile = Stage(**{**stage.__dict__, "profile": odd})
+    assert stage_costs(stage_with_odd_profile).load_transient_bytes == 0
+
+
+def test_locks_follow_resident_and_output_lifetimes() -> None:
+    manifest = _manifest("beta", DIAMOND)
+    graph = build_job_graph(JobSpec(1, 0, ("beta",)), {"beta": manifest}, ["beta"])
+    locks = {lock.lock_id: lock for lock in graph.locks}
+
+    resident = locks["j1/beta/s2/resident"]
+    assert resident.from_task == "j1/beta/s2/load"
+    assert resident.until_tasks == ("j1/beta/s2/exec",)
+    assert resident.memory_bytes == _profile(2).resident_bytes
+
+    # s0's output feeds both branches: held until both consuming EXECs end.
+    fan_out = locks["j1/beta/s0/outputs"]
+    assert fan_out.from_task == "j1/beta/s0/exec"
+    assert set(fan_out.until_tasks) == {"j1/beta/s1/exec", "j1/beta/s2/exec"}
+    assert fan_out.memory_bytes == tensor_bytes(manifest.stages[0].outputs[0])
+
+    # The final stage's outputs go to the job result when its EXEC ends.
+    final = locks["j1/beta/s3/outputs"]
+    assert final.until_tasks == ("j1/beta/s3/exec",)
+
+    assert ("j1/beta/s1/exec", "j1/beta/s3/exec") in graph.precedence
+    assert ("j1/beta/s2/exec", "j1/beta/s3/exec") in graph.precedence
+    assert ("j1/beta/s3/load", "j1/beta/s3/exec") in graph.precedence
+    # The LOAD order rule: a stage's load starts after its producers' loads started.
+    assert set(graph.start_after) == {
+        ("j1/beta/s0/load", "j1/beta/s1/load"), ("j1/beta/s0/load", "j1/beta/s2/load"),
+        ("j1/beta/s1/load", "j1/beta/s3/load"), ("j1/beta/s2/load", "j1/beta/s3/load"),
+    }
+
+
+def test_unprofiled_manifest_uses_documented_estimates_and_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manifest = _manifest("rough", CHAIN, profiled=False)
+    with caplog.at_level(logging.WARNING, logger="masa.jobs"):
+        graph = build_job_graph(JobSpec(0, 0, ("rough",)), {"rough": manifest}, ["rough"])
+    assert any("rough" in record.getMessage() and "estimated" in record.getMessage()
+               for record in caplog.records)
+    stage = manifest.stages[1]
+    in_bytes = sum(t.size_bytes or 0 for t in stage.inputs)
+    out_bytes = sum(t.size_bytes or 0 for t in stage.outputs)
+    load = graph.task("j0/rough/s1/load")
+    run = graph.task("j0/rough/s1/exec")
+    assert load.memory_bytes == stage.weight_bytes
+    assert graph.footprint_bytes(load.task_id) == 2 * stage.weight_bytes
+    assert run.memory_bytes == in_bytes + out_bytes
+    assert load.duration_us == ESTIMATE_LOAD_FIXED_US + round(
+        stage.weight_bytes / ESTIMATE_LOAD_BYTES_PER_US)
+    assert run.duration_us == ESTIMATE_EXEC_FIXED_US + round(
+        (stage.weight_bytes + in_bytes + out_bytes) / ESTIMATE_EXEC_BYTES_PER_US)
+    assert validate_graph(graph) == []
+
+
+def test_dynamic_tensor_sizes_are_estimated_with_unit_dims() -> None:
+    tensor = TensorSpec(name="x", dtype="float16", shape=("batch", 3, 5), size_bytes=None)
+    assert tensor_bytes(tensor) == 2 * 3 * 5
+
+
+def test_workload_graph_merges_jobs_with_disjoint_ids() -> None:
+    manifests = {"alpha": _manifest("alpha", CHAIN), "beta": _manifest("beta", DIAMOND)}
+    order = ["beta", "alpha"]
+    jobs = [JobSpec(0, 0, ("beta", "alpha")), JobSpec(1, 500, ("alpha",)),
+            JobSpec(2, 900, ("beta",))]
+    graph = build_workload_graph(jobs, manifests, order)
+    assert validate_graph(graph) == []
+    assert len(graph.tasks) == 2 * (len(DIAMOND) + len(CHAIN) + len(CHAIN) + len(DIAMOND))
+    assert graph.task("j1/alpha/s2/exec").release_us == 500
+    # The order key uses the position in network_order, not in the job.
+    assert graph.task("j1/alpha/s0/load").order == (1, 1, 0)
+    assert graph.task("j0/beta/s0/load").order == (0, 0, 0)
+    with pytest.raises(UserError, match="job id 1 appears twice"):
+        build_workload_graph(jobs + [JobSpec(1, 1000, ("alpha",))], manifests, order)
+
+
+def test_unknown_network_is_a_user_error() -> None:
+    manifests = {"alpha": _manifest("alpha", CHAIN)}
+    with pytest.raises(UserError, match="no manifest for network 'gamma'"):
+        build_job_graph(JobSpec(0, 0, ("gamma",)), manifests, ["alpha", "gamma"])
+    with pytest.raises(UserError, match="not in the network order"):
+        build_job_graph(JobSpec(0, 0, ("alpha",)), manifests, ["beta"])
+
+
+def test_network_time_sums_stage_durations() -> None:
+    manifest = _manifest("alpha", CHAIN)
+    exec_us = sum(_profile(i).exec_time_us for i in range(len(CHAIN)))
+    load_us = sum(_profile(i).load_time_us for i in range(len(CHAIN)))
+    assert network_time_us(manifest, include_load=False) == exec_us
+    assert network_time_us(manifest) == exec_us + load_us
