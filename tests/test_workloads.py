@@ -33,7 +33,9 @@ from workloads.schema import (
     network_inputs,
     scenario_path,
     should_run,
+    with_label_probability,
 )
+from workloads.zoo import ZOO_NAMES
 
 ZOO = ("agenet", "gendernet", "facenet", "sos", "memnet", "scenenet", "emotionnet",
        "googlenet", "tinyyolo")
@@ -76,6 +78,7 @@ def store(tmp_path: Path) -> Path:
 
 
 def test_packaged_scenarios_load_and_use_zoo_names() -> None:
+    assert set(ZOO) == set(ZOO_NAMES)
     assert set(list_scenarios()) >= {"small", "mixed", "lifelogging", "stochastic1",
                                      "stochastic2", "light", "heavy"}
     expected = {
@@ -400,6 +403,11 @@ def test_probability_draws_are_seeded_and_shared_by_siblings() -> None:
                                                                     job_id, {})
     runs = [should_run(light, "agenet", job_id, {}) for job_id in range(400)]
     assert 0.4 < np.mean(runs) < 0.6
+    for probability, expected in ((0.0, False), (1.0, True)):
+        swept = with_label_probability(load_workload(scenario_path("heavy")), probability)
+        assert all(should_run(swept, name, job_id, {}) == expected
+                   for name in ("facenet", "agenet", "emotionnet") for job_id in range(50))
+        assert all(should_run(swept, "memnet", job_id, {}) for job_id in range(50))
 
 
 def test_call_predicate_and_transform_receive_upstream_outputs(

@@ -205,6 +205,23 @@ def apply_intensity(
                    intensity=float(target))
 
 
+def with_label_probability(workload: Workload, probability: float) -> Workload:
+    """The workload with every `probability:` condition set to `probability`.
+
+    For the context-aware benchmarks, which sweep the label probability of the
+    light and heavy scenarios (0, 0.25, ..., 1) on one file.
+    """
+    if not 0.0 <= probability <= 1.0:
+        raise ValueError(f"probability must be in [0, 1], got {probability}")
+    nodes = tuple(
+        replace(node, when=tuple(
+            replace(c, probability=float(probability)) if c.kind == "probability" else c
+            for c in node.when))
+        for node in workload.nodes
+    )
+    return replace(workload, nodes=nodes)
+
+
 def _unknown_keys(errors: ErrorCollector, raw: Mapping[str, Any], known: set[str],
                   path: str) -> None:
     for key in raw:
