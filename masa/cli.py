@@ -18,6 +18,7 @@ from masa.errors import UserError
 
 # Modules that register a subcommand, in the order `masa --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "workloads.zoo_cli",
 )
 
 

@@ -3,7 +3,8 @@
 This module owns the builders of the paper's networks (Table 1 of Cox et al.,
 PerCom 2021 / Pervasive and Mobile Computing 2022) as ONNX graphs made with
 `onnx.helper`, with seeded random weights, and `write_zoo`, which puts them
-into a store through the offline preparator (split, optionally profile).
+into a store through the offline preparator (model_prep.split, optionally
+model_prep.profile), keeping each whole model beside its stages.
 
 They are structure and cost replicas, NOT trained models: layer types, layer
 order, channel widths, kernel sizes, input shapes and therefore weight bytes,
@@ -19,10 +20,14 @@ seeded Generator) and dry (only counts parameters), so the scale-1 size of a
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import shutil
+import tempfile
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +35,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from masa.errors import UserError
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
+
+log = logging.getLogger(__name__)
 
 OPSET_VERSION = 13
 # IR 8 is the newest IR every onnxruntime >= 1.14 accepts; opset 13 needs IR >= 7.
@@ -433,3 +441,97 @@ def save_model(name: str, path: str | Path, scale: float = 1.0, seed: int = 0) -
     model = build_model(name, scale, seed)
     onnx.save_model(model, str(target))
     return target
+
+
+# ---------------------------------------------------------------- the store
+
+SOURCE_NAME = "source.onnx"  # the whole zoo model, kept beside its stages
+
+ZooProgress = Callable[[str, int, int, str], None]  # (network, done, total, stage id)
+
+
+def write_zoo(
+    store_dir: str | Path,
+    names: Sequence[str] = ZOO_NAMES,
+    scale: float = 1.0,
+    profile: bool = True,
+    seed: int = 0,
+    *,
+    profile_runs: int | None = None,
+    split_progress: ZooProgress | None = None,
+    profile_progress: ZooProgress | None = None,
+) -> list[NetworkManifest]:
+    """Build, split (and profile) zoo networks into `store_dir/NAME/`.
+
+    Each network is built in a staging directory inside the store (whole model
+    saved as `source.onnx`, split with `model_prep.split.split_model`, profiled
+    with `model_prep.profile.profile_network`) and only then renamed to
+    `store_dir/NAME`, replacing an earlier version: an error or an interrupt
+    leaves the store as it was. Returns the manifests as loaded (and validated)
+    from their final place, in the order of `names`.
+    """
+    from model_prep.split import split_model
+
+    chosen = check_names(names) if names else list(ZOO_NAMES)
+    scale = check_scale(scale)
+    store = Path(store_dir)
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.TemporaryFile(dir=store)
+        probe.close()
+    except OSError as exc:
+        raise UserError(f"{store}: cannot write the store here ({exc.strerror or exc})") from None
+    manifests = []
+    for name in chosen:
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.zoo-", dir=store))
+        try:
+            source = staging / SOURCE_NAME
+            save_model(name, source, scale, seed)
+            network_dir = staging / name
+            progress = _bind(split_progress, name)
+            manifest = split_model(source, network_dir, name, progress=progress)
+            final_dir = store / name
+            # The whole model lives on beside its stages (masa prepare --verify and
+            # benchmarks compare against it); the manifest names its final path.
+            os.replace(source, network_dir / SOURCE_NAME)
+            manifest = replace(manifest, source_path=str((final_dir / SOURCE_NAME).resolve()))
+            if profile:
+                manifest = _profile(manifest, profile_runs, _bind(profile_progress, name))
+            write_manifest(manifest, network_dir / MANIFEST_NAME)
+            _swap_into_place(network_dir, final_dir, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        manifests.append(load_manifest(store / name))
+        log.info("zoo: wrote %s (%d stages, scale %g)", store / name,
+                 len(manifests[-1].stages), scale)
+    return manifests
+
+
+def _bind(progress: ZooProgress | None, name: str) -> Callable[[int, int, str], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total, item: progress(name, done, total, item)
+
+
+def _profile(manifest: NetworkManifest, runs: int | None,
+             progress: Callable[[int, int, str], None] | None) -> NetworkManifest:
+    from model_prep.profile import profile_network
+
+    if runs is None:
+        profiles, runtime_base = profile_network(manifest, progress=progress)
+    else:
+        profiles, runtime_base = profile_network(manifest, runs, progress=progress)
+    return manifest.with_profiles(profiles, runtime_base)
+
+
+def _swap_into_place(network_dir: Path, final_dir: Path, staging: Path) -> None:
+    """Rename the finished network into the store, moving an old version aside first."""
+    old = staging / "previous"
+    if final_dir.exists():
+        os.replace(final_dir, old)
+    try:
+        os.replace(network_dir, final_dir)
+    except BaseException:
+        if old.exists() and not final_dir.exists():
+            os.replace(old, final_dir)
+        raise
