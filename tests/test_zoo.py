@@ -24,6 +24,7 @@ from workloads.zoo import (
     layer_counts,
     parameter_count,
     save_model,
+    write_zoo,
 )
 
 SMALL_SCALE = 0.1
@@ -133,3 +134,115 @@ def test_unknown_name_is_a_user_error_listing_the_zoo() -> None:
     with pytest.raises(UserError, match="agenet") as error:
         build_model("resnet50")
     assert "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------- write_zoo and `masa zoo`
+
+
+class _Interrupt(Exception):
+    """Raised from a progress callback to interrupt write_zoo part-way."""
+
+
+def _store_entries(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir())
+
+
+def test_write_zoo_splits_into_stages_that_equal_the_whole_model(tmp_path: Path) -> None:
+    from model_prep.manifest import sha256_file
+    from model_prep.verify import verify_network
+
+    store = tmp_path / "store"
+    names = ["googlenet", "tinyyolo", "emotionnet"]
+    manifests = write_zoo(store, names, scale=0.05, profile=False, seed=1)
+    assert [m.name for m in manifests] == names
+    assert _store_entries(store) == sorted(names)  # no staging directory left behind
+    for manifest in manifests:
+        spec = ZOO_SPECS[manifest.name]
+        layer_types = [stage.layer_type for stage in manifest.stages]
+        # one stage per weighted layer: the scheduler sees the paper's layers
+        assert (layer_types.count("conv"), layer_types.count("fc")) == (
+            spec.conv_layers, spec.fc_layers)
+        assert manifest.inputs[0].shape == spec.input_shape
+        source = Path(manifest.source_path)
+        assert source == (store / manifest.name / "source.onnx").resolve()
+        assert sha256_file(source) == manifest.source_sha256
+        result = verify_network(manifest, source, np.random.default_rng(0))
+        assert result.ok
+        assert not manifest.profiled
+
+
+def test_write_zoo_profiles_every_stage(tmp_path: Path) -> None:
+    (manifest,) = write_zoo(tmp_path, ["agenet"], scale=0.05, profile=True, seed=0,
+                            profile_runs=2)
+    assert manifest.profiled and manifest.runtime_base is not None
+    for stage in manifest.stages:
+        assert stage.profile is not None
+        assert stage.profile.exec_time_us > 0
+        assert stage.profile.exec_runs == 2
+
+
+def test_write_zoo_replaces_a_network_and_an_interrupt_leaves_the_store_as_it_was(
+        tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (first,) = write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=1)
+    (second,) = write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=2)
+    assert second.source_sha256 != first.source_sha256
+    assert _store_entries(store) == ["gendernet"]
+    before = {p.relative_to(store): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+    def interrupt_after_two_stages(network: str, done: int, total: int, item: str) -> None:
+        if done == 2:
+            raise _Interrupt(network)
+
+    with pytest.raises(_Interrupt):
+        write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=3,
+                  split_progress=interrupt_after_two_stages)
+    with pytest.raises(_Interrupt):
+        write_zoo(store, ["gendernet"], scale=0.05, profile=True, seed=3, profile_runs=1,
+                  profile_progress=interrupt_after_two_stages)
+    after = {p.relative_to(store): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_write_zoo_into_a_file_is_a_user_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "store"
+    not_a_dir.write_text("x")
+    with pytest.raises(UserError, match="store"):
+        write_zoo(not_a_dir, ["agenet"], scale=0.05, profile=False)
+
+
+def test_masa_zoo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from masa.cli import main
+
+    store = tmp_path / "store"
+    code = main(["zoo", "--store", str(store), "--scale", "0.05", "--no-profile",
+                 "AgeNet", "sos"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert _store_entries(store) == ["agenet", "sos"]
+    assert "random weights" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
+    assert rows["agenet"][2:5] == ["6", "3", "3"] and rows["sos"][2:5] == ["8", "5", "3"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["resnet"], "unknown network"),
+    (["--scale", "0", "agenet"], "0 < S <= 1"),
+    (["--scale", "1.5", "agenet"], "0 < S <= 1"),
+    (["--scale", "big", "agenet"], "0 < S <= 1"),
+])
+def test_masa_zoo_bad_arguments_exit_2_with_one_line(
+        argv: list[str], expected: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from masa.cli import main
+
+    store = tmp_path / "store"
+    try:
+        code = main(["zoo", "--store", str(store), "--no-profile", *argv])
+    except SystemExit as exit_:  # argparse rejects a malformed option itself
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert "Traceback" not in err
+    assert not store.exists()
