@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +18,12 @@ from masa.jobs import (
     build_workload_graph,
     network_time_us,
     stage_costs,
+    task_id,
     tensor_bytes,
 )
 from masa.taskgraph import TaskKind, validate_graph
 from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec
-from workloads.schema import JobSpec
+from workloads.schema import JobSpec, generate_jobs, list_scenarios, load_workload, scenario_path
 
 
 def _tensor(name: str, elements: int) -> TensorSpec:
@@ -82,6 +85,7 @@ def test_chain_job_has_two_tasks_and_two_locks_per_stage() -> None:
     assert graph.task("j4/beta/s3/exec").group == "j4/beta"
     assert graph.task("j4/beta/s3/exec").order == (4, 1, 3)
     assert graph.task("j4/alpha/s0/load").order == (4, 0, 0)
+    assert task_id(4, "beta", "s3", TaskKind.EXEC) == "j4/beta/s3/exec"
 
 
 def test_memory_and_durations_come_from_the_profile() -> None:
@@ -198,3 +202,22 @@ def test_network_time_sums_stage_durations() -> None:
     load_us = sum(_profile(i).load_time_us for i in range(len(CHAIN)))
     assert network_time_us(manifest, include_load=False) == exec_us
     assert network_time_us(manifest) == exec_us + load_us
+
+
+def test_every_scenario_builds_a_valid_graph_from_a_split_zoo(tmp_path: Path) -> None:
+    """Scenario names match a real (tiny, unprofiled) zoo store; graphs are valid."""
+    from model_prep.manifest import load_store_network
+    from workloads.zoo import write_zoo
+
+    store = tmp_path / "store"
+    write_zoo(store, scale=0.05, profile=False)
+    for name in list_scenarios():
+        workload = load_workload(scenario_path(name), store_dir=store)
+        manifests = {n: load_store_network(store, n, check_files=False)
+                     for n in workload.networks}
+        jobs = generate_jobs(workload)[:5]
+        graph = build_workload_graph(jobs, manifests, workload.networks)
+        assert validate_graph(graph) == [], name
+        expected_tasks = 2 * sum(len(manifests[n].stages) for job in jobs for n in job.networks)
+        assert len(graph.tasks) == expected_tasks, name
+        assert gc.isenabled()
