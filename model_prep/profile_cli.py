@@ -1,0 +1,129 @@
+"""`masa profile DIR/NAME`: (re)profile a prepared network and rewrite its manifest.
+
+This module owns the command line around model_prep.profile: it loads and
+validates the manifest (stage files must match their sha256), profiles every
+stage, prints the stage table and writes the manifest back atomically with
+the new profiles and runtime base. Nothing is written when profiling fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from masa.units import format_bytes
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
+from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure load time, exec time and peak memory of every stage of a prepared network",
+        description="Profile every stage of a prepared network, one stage at a time in a "
+        "fresh worker process, and rewrite DIR/NAME/manifest.yaml with the profiles. "
+        "See docs/profiling.md for the method and what each figure means.",
+    )
+    parser.add_argument("network", metavar="DIR/NAME",
+                        help="the prepared network's directory (holds manifest.yaml)")
+    parser.add_argument("--runs", type=_positive_int, default=DEFAULT_RUNS,
+                        help=f"timed runs per stage; exec time is their median "
+                        f"(default {DEFAULT_RUNS})")
+    parser.add_argument("--isolation", choices=ISOLATION_MODES, default="recycle",
+                        help="recycle: one worker cleaned between stages (default); "
+                        "process: a fresh worker process per stage (slower)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random stage inputs (default 0)")
+    parser.add_argument("--no-sample", dest="sample", action="store_false",
+                        help="skip the statm sampling thread (kernel VmHWM peaks only)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the profile table but leave the manifest untouched")
+    parser.set_defaults(handler=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    network_dir = Path(args.network)
+    manifest = load_manifest(network_dir)
+    progress = _Progress(manifest.name)
+    try:
+        profiles, runtime_base = profile_network(
+            manifest, runs=args.runs, isolation=args.isolation, seed=args.seed,
+            sample=args.sample, progress=progress,
+        )
+    finally:
+        progress.close()
+    profiled = manifest.with_profiles(profiles, runtime_base)
+    for line in profile_table(profiled):
+        print(line)
+    base = runtime_base
+    print(f"runtime base: process {format_bytes(base.process_rss_bytes)}, first session "
+          f"+{format_bytes(base.first_session_bytes)} in "
+          f"{base.first_session_time_us / 1000:.1f} ms")
+    if args.dry_run:
+        log.info("dry run: %s left untouched", network_dir / MANIFEST_NAME)
+        return 0
+    write_manifest(profiled, network_dir / MANIFEST_NAME)
+    log.info("wrote %s", network_dir / MANIFEST_NAME)
+    return 0
+
+
+def profile_table(manifest: NetworkManifest) -> Iterable[str]:
+    """One line per stage: times in ms, memory in MiB (VmHWM, and sampled in brackets)."""
+    yield (f"{'stage':<16} {'layer':<5} {'weights':>8} {'load ms':>8} {'exec ms':>8} "
+           f"{'load peak':>16} {'resident':>8} {'exec peak':>16}")
+    for stage in manifest.stages:
+        profile = stage.profile
+        head = f"{stage.stage_id[:16]:<16} {stage.layer_type:<5} {_mib(stage.weight_bytes):>8}"
+        if profile is None:
+            yield f"{head} {'(not profiled)':>8}"
+            continue
+        yield (f"{head} {profile.load_time_us / 1000:>8.2f} {profile.exec_time_us / 1000:>8.2f} "
+               f"{_pair(profile.load_peak_bytes, profile.sampled_load_peak_bytes):>16} "
+               f"{_mib(profile.resident_bytes):>8} "
+               f"{_pair(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes):>16}")
+
+
+def _mib(memory_bytes: int) -> str:
+    return f"{memory_bytes / 2**20:.2f}"
+
+
+def _pair(exact_bytes: int, sampled_bytes: int) -> str:
+    return f"{_mib(exact_bytes)} ({_mib(sampled_bytes)})"
+
+
+class _Progress:
+    """The shared progress bar on a terminal, else one log line per stage."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.bar: Any = None
+        try:
+            from masa.progress import ProgressBar
+        except ImportError:  # the bar is a nicety: the log still reports progress
+            return
+        self.bar = ProgressBar(f"profile {name}")
+
+    def __call__(self, done: int, total: int, stage_id: str) -> None:
+        if self.bar is not None and self.bar.enabled:
+            self.bar.update(done, total, stage_id)
+        else:
+            log.info("profiled %s/%s (%d/%d)", self.name, stage_id, done, total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
