@@ -18,6 +18,7 @@ from masa.errors import UserError
 
 # Modules that register a subcommand, in the order `masa --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "model_prep.prepare_cli",
     "workloads.zoo_cli",
     "model_prep.profile_cli",
 )

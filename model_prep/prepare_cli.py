@@ -1,0 +1,277 @@
+"""`masa prepare` and `masa verify`: turn an ONNX model into a prepared network in a store.
+
+This module owns the store side of preparation: `prepare_network` splits the
+model (model_prep.split), optionally verifies the stages against the whole
+model (model_prep.verify) and profiles them (model_prep.profile, imported
+lazily), all inside a temporary directory in the store, and only then renames
+that directory to `DIR/NAME`. A failed or interrupted prepare therefore
+leaves the store as it was; an existing network of the same name is replaced
+only once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from masa.errors import UserError
+from masa.progress import ProgressBar
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
+from model_prep.split import (
+    DEFAULT_MAX_CUT_TENSORS,
+    check_network_name,
+    default_network_name,
+    parse_input_shape,
+    split_model,
+    stage_summary,
+)
+from model_prep.verify import VerifyResult, bind_feeds, verify_network
+
+log = logging.getLogger(__name__)
+
+_TEMP_PREFIX = ".prepare-"
+
+
+@dataclass(frozen=True)
+class PreparedNetwork:
+    manifest: NetworkManifest  # directory: the final DIR/NAME
+    verify: VerifyResult | None
+    split_time_s: float
+    profile_time_s: float | None
+
+
+def prepare_network(
+    model_path: str | Path,
+    store_dir: str | Path,
+    name: str | None = None,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
+    *,
+    profile: bool = True,
+    profile_runs: int | None = None,
+    verify: bool = False,
+    seed: int = 0,
+    verify_feeds: Mapping[str, np.ndarray] | None = None,
+    max_cut_tensors: int = DEFAULT_MAX_CUT_TENSORS,
+    show_progress: bool | None = None,
+) -> PreparedNetwork:
+    """Split (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
+
+    name defaults to the model file's stem. show_progress: None draws a bar
+    when stderr is a terminal. Raises UserError on bad input or a failed
+    verify, leaving the store untouched.
+    """
+    model_path = Path(model_path)
+    name = check_network_name(name) if name is not None else default_network_name(model_path)
+    store = Path(store_dir)
+    final_dir = store / name
+    _check_store(store, final_dir)
+    _remove_stale_temp_dirs(store, name)
+    try:
+        work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}-", dir=store))
+    except OSError as exc:
+        raise UserError(f"{store}: cannot write the store: {exc.strerror or exc}") from None
+    try:
+        network_dir = work_dir / name
+        started_s = time.perf_counter()
+        with ProgressBar(f"split {name}", enabled=show_progress) as bar:
+            manifest = split_model(model_path, network_dir, name, input_shapes,
+                                   max_cut_tensors=max_cut_tensors, progress=bar)
+        split_time_s = time.perf_counter() - started_s
+        verify_result = None
+        if verify:
+            feeds = bind_feeds(manifest, verify_feeds) if verify_feeds is not None else None
+            verify_result = verify_network(manifest, model_path, np.random.default_rng(seed),
+                                           feeds=feeds)
+        profile_time_s = None
+        if profile:
+            started_s = time.perf_counter()
+            # Lazy: profiling pulls in multiprocessing workers nobody else needs.
+            from model_prep.profile import profile_network
+
+            kwargs = {} if profile_runs is None else {"runs": profile_runs}
+            with ProgressBar(f"profile {name}", enabled=show_progress) as bar:
+                profiles, runtime_base = profile_network(manifest, progress=bar, **kwargs)
+            manifest = manifest.with_profiles(profiles, runtime_base)
+            write_manifest(manifest, network_dir / MANIFEST_NAME)
+            profile_time_s = time.perf_counter() - started_s
+        _install(network_dir, final_dir)
+    except OSError as exc:
+        raise UserError(f"{store}: cannot write the network {name!r}: "
+                        f"{exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return PreparedNetwork(replace(manifest, directory=final_dir), verify_result,
+                           split_time_s, profile_time_s)
+
+
+def _check_store(store: Path, final_dir: Path) -> None:
+    if store.exists() and not store.is_dir():
+        raise UserError(f"--store {store}: expected a directory, found a file")
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--store {store}: cannot create the store directory: "
+                        f"{exc.strerror or exc}") from None
+    if not os.access(store, os.W_OK | os.X_OK):
+        raise UserError(f"--store {store}: cannot write the store (permission denied)")
+    if final_dir.exists() and not (final_dir / MANIFEST_NAME).is_file():
+        if not final_dir.is_dir() or any(final_dir.iterdir()):
+            raise UserError(f"{final_dir}: exists and is not a prepared network; refusing to "
+                            "replace it (choose another --name)")
+
+
+def _remove_stale_temp_dirs(store: Path, name: str) -> None:
+    """What an interrupted prepare of this name left behind (never a DIR/NAME)."""
+    for stale in store.glob(f"{_TEMP_PREFIX}{name}-*"):
+        if stale.is_dir():
+            log.info("removing %s, left by an interrupted prepare", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _install(network_dir: Path, final_dir: Path) -> None:
+    """Move the finished network into place, replacing an old one only now."""
+    if not final_dir.exists():
+        os.rename(network_dir, final_dir)
+        return
+    if _exchange(network_dir, final_dir):
+        return  # network_dir now holds the old network; the caller removes it
+    # No atomic exchange here: move the old one aside, then the new one in.
+    aside = network_dir.with_name(network_dir.name + ".old")
+    os.rename(final_dir, aside)
+    try:
+        os.rename(network_dir, final_dir)
+    except OSError:
+        os.rename(aside, final_dir)
+        raise
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc_name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        renameat2 = ctypes.CDLL(libc_name, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second),
+                       rename_exchange)
+    return result == 0
+
+
+# --------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prepare",
+        help="split an ONNX model into per-layer stages, profile them, store the network",
+        description="Split MODEL.onnx into per-layer stage files and write DIR/NAME/"
+                    "manifest.yaml (format: docs/manifest.md), profiling every stage unless "
+                    "--no-profile. Atomic: the store is unchanged if anything fails.",
+    )
+    parser.add_argument("model", metavar="MODEL.onnx", help="the ONNX model to prepare")
+    parser.add_argument("--store", required=True, metavar="DIR", help="the model store")
+    parser.add_argument("--name", help="network name in the store (default: model file stem)")
+    parser.add_argument("--input-shape", action="append", default=[],
+                        metavar="NAME=1x3x224x224",
+                        help="fix the dims of input NAME (repeatable); a non-number dim "
+                             "such as N stays dynamic")
+    parser.add_argument("--no-profile", action="store_true", help="skip profiling")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="timed runs per stage when profiling (default: the profiler's)")
+    parser.add_argument("--verify", action="store_true",
+                        help="run the stages and the whole model on one seeded random input "
+                             "and fail unless every output matches within 1e-5 x max|output|")
+    parser.add_argument("--verify-input", metavar="X.npy|X.npz",
+                        help="verify on this input instead of a random one (.npy for a "
+                             "single-input model, .npz with one array per input name)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random verify input")
+    parser.add_argument("--max-cut-tensors", type=int, default=DEFAULT_MAX_CUT_TENSORS,
+                        help="merge stages rather than cut where more tensors than this "
+                             "would cross the cut (default %(default)s)")
+    parser.set_defaults(handler=_prepare_command)
+
+    verify_parser = subparsers.add_parser(
+        "verify",
+        help="check a prepared network's stages against its source model",
+        description="Load DIR/NAME/manifest.yaml (checking every stage file's sha256), run "
+                    "the stages and the whole model on one seeded random input and compare "
+                    "every output (max|diff| <= 1e-5 x max|output|).",
+    )
+    verify_parser.add_argument("network", metavar="DIR/NAME", help="a prepared network")
+    verify_parser.add_argument("--model", metavar="MODEL.onnx",
+                               help="the source model (default: the path in the manifest)")
+    verify_parser.add_argument("--input", metavar="X.npy|X.npz",
+                               help="compare on this input instead of a random one")
+    verify_parser.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    verify_parser.set_defaults(handler=_verify_command)
+
+
+def _prepare_command(args: argparse.Namespace) -> int:
+    input_shapes: dict[str, list[int | str]] = {}
+    for text in args.input_shape:
+        input_name, dims = parse_input_shape(text)
+        if input_name in input_shapes:
+            raise UserError(f"--input-shape {input_name}: given twice")
+        input_shapes[input_name] = dims
+    if args.runs is not None and args.runs < 1:
+        raise UserError(f"--runs: expected a positive integer, got {args.runs}")
+    show_progress = False if getattr(args, "quiet", False) else None
+    feeds = _load_feeds(args.verify_input) if args.verify_input else None
+    prepared = prepare_network(
+        args.model, args.store, args.name, input_shapes,
+        profile=not args.no_profile, profile_runs=args.runs,
+        verify=args.verify or feeds is not None, seed=args.seed, verify_feeds=feeds,
+        max_cut_tensors=args.max_cut_tensors, show_progress=show_progress,
+    )
+    manifest = prepared.manifest
+    if not getattr(args, "quiet", False):
+        for line in stage_summary(manifest):
+            print(line)
+    print(f"prepared {manifest.name}: {len(manifest.stages)} stages in {manifest.directory} "
+          f"(split {prepared.split_time_s:.2f} s"
+          + (f", profile {prepared.profile_time_s:.1f} s" if prepared.profile_time_s else "")
+          + ")")
+    if prepared.verify is not None:
+        print(prepared.verify.summary())
+    return 0
+
+
+def _verify_command(args: argparse.Namespace) -> int:
+    manifest = load_manifest(args.network)
+    model_path = Path(args.model) if args.model else Path(manifest.source_path)
+    if not model_path.is_file():
+        raise UserError(f"{model_path}: source model not found (pass --model)")
+    feeds = bind_feeds(manifest, _load_feeds(args.input)) if args.input else None
+    result = verify_network(manifest, model_path, np.random.default_rng(args.seed), feeds=feeds)
+    print(result.summary())
+    return 0
+
+
+def _load_feeds(path_text: str) -> dict[str, np.ndarray]:
+    """X.npz (one array per input name) or X.npy (the only input: key '', bound to
+    the input's name by model_prep.verify.bind_feeds)."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise UserError(f"{path}: no such input file (expected .npy or .npz)")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a NumPy .npy/.npz file: {exc}") from None
+    if isinstance(loaded, np.ndarray):
+        return {"": loaded}
+    return {key: loaded[key] for key in loaded.files}
