@@ -145,20 +145,30 @@ def build_job_graph(
     job: JobSpec,
     manifests: Mapping[str, NetworkManifest],
     network_order: Sequence[str],
+    *,
+    upstreams: Mapping[str, Sequence[str]] | None = None,
 ) -> TaskGraph:
     """The task graph of one job (see the module docstring for its shape).
 
     network_order fixes the network index in each task's `order` tie-break key,
     (job_id, network index, stage index); it is normally the workload's
     network list, the same for every job.
+
+    upstreams (network -> its upstream networks, e.g. from the workload's job
+    graph) adds the CA-preempt rule as start_after edges: every entry EXEC of a
+    downstream network (a stage without producers) starts only after the first
+    EXEC of each upstream in the same job has started. Leave it out for
+    context-oblivious runs; CA-wait gates whole networks in the executor.
     """
-    return build_workload_graph([job], manifests, network_order)
+    return build_workload_graph([job], manifests, network_order, upstreams=upstreams)
 
 
 def build_workload_graph(
     jobs: Iterable[JobSpec],
     manifests: Mapping[str, NetworkManifest],
     network_order: Sequence[str],
+    *,
+    upstreams: Mapping[str, Sequence[str]] | None = None,
 ) -> TaskGraph:
     """One task graph for a whole list of jobs (the union of their job graphs)."""
     # Building 100,000+ small frozen objects triggers the cyclic garbage collector
@@ -167,7 +177,7 @@ def build_workload_graph(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _build(jobs, manifests, network_order)
+        return _build(jobs, manifests, network_order, upstreams or {})
     finally:
         if collecting:
             gc.enable()
@@ -177,6 +187,7 @@ def _build(
     jobs: Iterable[JobSpec],
     manifests: Mapping[str, NetworkManifest],
     network_order: Sequence[str],
+    upstreams: Mapping[str, Sequence[str]],
 ) -> TaskGraph:
     parts = _GraphParts()
     index_of = {name: index for index, name in enumerate(network_order)}
@@ -196,6 +207,17 @@ def _build(
             if network not in plans:
                 plans[network] = _network_plan(manifests[network])
             _add_network(parts, job, network, index_of[network], plans[network])
+        for network in job.networks:
+            for upstream in upstreams.get(network, ()):
+                if upstream not in job.networks:
+                    continue  # not in this job: nothing to wait for
+                first_upstream_exec = f"{group_id(job.job_id, upstream)}/" \
+                    f"{plans[upstream][0].stage_id}/exec"
+                for stage in plans[network]:
+                    if not stage.producers:
+                        parts.start_after.append(
+                            (first_upstream_exec,
+                             f"{group_id(job.job_id, network)}/{stage.stage_id}/exec"))
     return TaskGraph(tasks=tuple(parts.tasks), precedence=tuple(parts.precedence),
                      locks=tuple(parts.locks), start_after=tuple(parts.start_after))
 

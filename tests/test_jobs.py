@@ -172,6 +172,23 @@ def test_dynamic_tensor_sizes_are_estimated_with_unit_dims() -> None:
     assert tensor_bytes(tensor) == 2 * 3 * 5
 
 
+def test_upstreams_add_the_preempt_start_rule() -> None:
+    manifests = {"face": _manifest("face", CHAIN), "age": _manifest("age", DIAMOND),
+                 "mem": _manifest("mem", CHAIN)}
+    order = ["face", "age", "mem"]
+    upstreams = {"age": ["face"]}
+    plain = build_job_graph(JobSpec(0, 0, ("face", "age", "mem")), manifests, order)
+    graph = build_job_graph(JobSpec(0, 0, ("face", "age", "mem")), manifests, order,
+                            upstreams=upstreams)
+    added = set(graph.start_after) - set(plain.start_after)
+    assert added == {("j0/face/s0/exec", "j0/age/s0/exec")}
+    assert validate_graph(graph) == []
+    # A job without the upstream has nothing to wait for.
+    alone = build_job_graph(JobSpec(1, 0, ("age",)), manifests, order, upstreams=upstreams)
+    assert set(alone.start_after) == set(
+        build_job_graph(JobSpec(1, 0, ("age",)), manifests, order).start_after)
+
+
 def test_workload_graph_merges_jobs_with_disjoint_ids() -> None:
     manifests = {"alpha": _manifest("alpha", CHAIN), "beta": _manifest("beta", DIAMOND)}
     order = ["beta", "alpha"]

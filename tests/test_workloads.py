@@ -149,10 +149,13 @@ def test_every_problem_is_reported_at_once_with_its_path(tmp_path: Path) -> None
 
 
 def test_bad_yaml_and_wrong_top_level_are_user_errors(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
+    with pytest.raises(UserError, match=r"bad\.yaml: line 2, column 9: not valid YAML"):
         load_workload(_write(tmp_path, "graph: [a, b\narrivals: {", name="bad.yaml"))
     with pytest.raises(UserError, match="expected a mapping at the top level"):
         load_workload(_write(tmp_path, "- a\n- b\n", name="list.yaml"))
+    duplicate = "graph:\n  agenet:\n  agenet:\narrivals: {kind: trace, times_ms: [0]}\n"
+    with pytest.raises(UserError, match="line 3, column 3: not valid YAML: duplicate key"):
+        load_workload(_write(tmp_path, duplicate, name="dup.yaml"))
     with pytest.raises(UserError, match="no such workload file"):
         load_workload(tmp_path / "missing.yaml")
 

@@ -136,6 +136,24 @@ class Workload:
 # ----------------------------------------------------------------- loading
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys.
+
+    PyYAML keeps the last of two equal keys silently; in a job graph that would
+    drop a network (two `agenet:` entries) without a word.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     """Load and validate a workload file; raise UserError listing every problem.
 
@@ -146,7 +164,12 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     if not source.is_file():
         raise UserError(f"{source}: no such workload file")
     try:
-        raw = yaml.safe_load(source.read_text())
+        raw = yaml.load(source.read_text(), Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = " ".join(str(exc.problem or exc.context or "").split())
+        raise UserError(f"{source}: {where}not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError:
