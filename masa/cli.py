@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "model_prep.prepare_cli",
     "workloads.zoo_cli",
     "model_prep.profile_cli",
+    "workloads.workload_cli",
 )
 
 

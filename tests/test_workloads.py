@@ -511,3 +511,35 @@ def test_input_files_and_random_inputs(tmp_path: Path) -> None:
     assert not np.array_equal(first, network_inputs(rand, net, 1)["data"])
     with pytest.raises(ValidationError, match=r"at 'input': input file .*nope\.png does not"):
         load_workload(_write(tmp_path, template.replace("INPUT", "nope.png"), "x.yaml"))
+
+
+# ----------------------------------------------------------------------- CLI
+
+
+def test_cli_checks_files_and_exits_2_on_bad_input(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from masa.cli import main
+
+    assert main(["workload", "scenarios"]) == 0
+    assert "stochastic1" in capsys.readouterr().out
+    path = _write(tmp_path, """\
+        graph: [detector, classifier]
+        intensity: 0.5
+        arrivals: {kind: periodic, count: 3}
+        """)
+    assert main(["workload", "check", str(path), "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "mean network time (load + exec): 400.0 ms" in out
+    assert "traffic intensity: 0.500 at 1.250 jobs/s" in out
+    assert main(["workload", "jobs", str(path), "--store", str(store), "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[1].strip() for line in lines] == [
+        '"arrival_us": 0', '"arrival_us": 800000', '"arrival_us": 1600000']
+    # Without the store the intensity cannot be resolved: a user error, exit 2.
+    assert main(["workload", "jobs", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("masa: error: ") and "at 'intensity'" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["workload", "check", "light"]) == 0  # a packaged scenario by name
+    assert "agenet after facenet when probability 0.5" in capsys.readouterr().out

@@ -780,6 +780,19 @@ def list_scenarios() -> tuple[str, ...]:
     return tuple(sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml")))
 
 
+def resolve_workload_path(text: str | Path) -> Path:
+    """A workload file path, or the name of a packaged scenario ('lifelogging').
+
+    An existing file wins; otherwise a packaged scenario of that name; otherwise
+    the path itself, so that load_workload reports it as missing.
+    """
+    path = Path(text)
+    if path.is_file() or path.suffix or len(path.parts) > 1:
+        return path
+    candidate = SCENARIO_DIR / f"{path.name}.yaml"
+    return candidate if candidate.is_file() else path
+
+
 def scenario_path(name: str) -> Path:
     """The packaged scenario NAME (e.g. 'lifelogging'), as a path for load_workload."""
     path = SCENARIO_DIR / f"{name}.yaml"
