@@ -198,6 +198,8 @@ def _build(
         if job.job_id in seen_job_ids:
             raise UserError(f"job id {job.job_id} appears twice; job ids must be unique")
         seen_job_ids.add(job.job_id)
+        if len(set(job.networks)) != len(job.networks):
+            raise UserError(f"job {job.job_id}: a network is listed twice in {job.networks}")
         for network in job.networks:
             if network not in manifests:
                 raise UserError(f"job {job.job_id}: no manifest for network {network!r}")

@@ -211,6 +211,8 @@ def test_unknown_network_is_a_user_error() -> None:
         build_job_graph(JobSpec(0, 0, ("gamma",)), manifests, ["alpha", "gamma"])
     with pytest.raises(UserError, match="not in the network order"):
         build_job_graph(JobSpec(0, 0, ("alpha",)), manifests, ["beta"])
+    with pytest.raises(UserError, match="listed twice"):
+        build_job_graph(JobSpec(0, 0, ("alpha", "alpha")), manifests, ["alpha"])
 
 
 def test_network_time_sums_stage_durations() -> None:
