@@ -185,7 +185,7 @@ def test_malformed_predicates_and_transforms(tmp_path: Path) -> None:
         load_workload(path)
     text = "\n".join(caught.value.problems)
     assert "at 'graph.cls.when[0].argmax_in': expected a list of class ids" in text
-    assert "at 'graph.cls.when[1].probability': expected a number in [0.0, 1.0]" in text
+    assert "at 'graph.cls.when[1].probability': expected a number in [0, 1]" in text
     assert "at 'graph.cls.when[2].call': cannot import module 'no_such_module_xyz'" in text
     assert "at 'graph.cls.when[3].call': expected 'package.module:function'" in text
     assert "at 'graph.cls.when[4].output': not used by 'probability'" in text
@@ -217,6 +217,36 @@ def test_store_checks_network_and_output_names(tmp_path: Path, store: Path) -> N
            in text
     # The same file without a store cannot know names or outputs: it loads.
     assert load_workload(path).networks == ("detector", "classifier", "facenet2")
+
+
+def test_arrival_fields_are_validated_per_kind(tmp_path: Path) -> None:
+    cases = {
+        "{kind: periodic, count: 2}": "at 'arrivals.interval_ms': missing field",
+        "{kind: normal, mean_ms: 5, std_ms: 1, cv: 0.2, count: 2}":
+            "at 'arrivals.cv': set either std_ms or cv",
+        "{kind: normal, mean_ms: 5, count: 2}": "at 'arrivals.std_ms': missing field",
+        "{kind: normal, mean_ms: 5, std_ms: -1, count: 2}":
+            "at 'arrivals.std_ms': expected a number >= 0, got -1",
+        "{kind: poisson, rate_per_s: 0, count: 2}":
+            "at 'arrivals.rate_per_s': expected a positive number, got 0",
+        "{kind: periodic, interval_ms: 5, count: 2, times_ms: [1]}":
+            "at 'arrivals.times_ms': unknown field",
+        "{kind: trace, times_ms: [5, 1]}": "at 'arrivals.times_ms': expected non-decreasing",
+        "{kind: trace, times_ms: [0, 1], count: 3}": "at 'arrivals.count': expected at most 2",
+        "{kind: burst, count: 2}": "at 'arrivals.kind': expected one of periodic, normal",
+        "{kind: periodic, interval_ms: 5, count: 2.5}": "at 'arrivals.count': expected an integer",
+        "{kind: periodic, interval_ms: 5, count: 2, seed: -1}": "at 'arrivals.seed': expected",
+    }
+    for index, (arrivals, message) in enumerate(cases.items()):
+        path = _write(tmp_path, f"graph: [a]\narrivals: {arrivals}\n", f"case{index}.yaml")
+        with pytest.raises(ValidationError) as caught:
+            load_workload(path)
+        assert any(message in problem for problem in caught.value.problems), (arrivals, message,
+                                                                               caught.value)
+    trace_with_intensity = _write(tmp_path, "graph: [a]\nintensity: 1\n"
+                                  "arrivals: {kind: trace, times_ms: [0]}\n")
+    with pytest.raises(ValidationError, match="cannot set the rate of trace arrivals"):
+        load_workload(trace_with_intensity)
 
 
 def test_network_order_puts_upstreams_first(tmp_path: Path) -> None:

@@ -337,7 +337,9 @@ def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None 
         errors.add(path, f"expected a positive number, got {value}")
         return None
     if (low is not None and value < low) or (high is not None and value > high):
-        errors.add(path, f"expected a number in [{low}, {high}], got {value}")
+        expected = (f"a number >= {low:g}" if high is None else
+                    f"a number <= {high:g}" if low is None else f"a number in [{low:g}, {high:g}]")
+        errors.add(path, f"expected {expected}, got {value}")
         return None
     return float(value)
 
