@@ -229,7 +229,7 @@ def test_every_scenario_builds_a_valid_graph_from_a_split_zoo(tmp_path: Path) ->
     from workloads.zoo import write_zoo
 
     store = tmp_path / "store"
-    write_zoo(store, scale=0.05, profile=False)
+    write_zoo(store, scale=0.02, profile=False)
     for name in list_scenarios():
         workload = load_workload(scenario_path(name), store_dir=store)
         manifests = {n: load_store_network(store, n, check_files=False)
