@@ -1,0 +1,281 @@
+"""Benchmark: splitting every zoo model at scale 1, and what running it as stages costs.
+
+For each of the paper's nine networks (workloads/zoo.py, scale 1) this script:
+- builds the model and saves it to a temporary file;
+- splits it with the preparator (`model_prep.split`), timed (the split time
+  includes writing the stage files and the manifest, without profiling);
+- runs the whole model and the stage chain with one intra-op thread
+  (`masa.session.create_session`), alternating whole run / chain run so that
+  load from other processes hits both alike, and reports the ratio
+  median(sum of the stage run times of one chain pass) / median(whole run time),
+  in wall time (the target: <= 1.05 on every model) and in the calling
+  thread's CPU time (with one intra-op thread ORT computes on the calling
+  thread, so this one is robust to other processes sharing the cores);
+- repeats the runs with the same session options but without the glibc mmap
+  threshold pin that `create_session` applies (diagnostic: every buffer over
+  128 KiB is then mmapped and faulted in afresh on every run, and a chain has
+  more such buffers than one whole-model run), and once more also with graph
+  optimisation level ORT_ENABLE_EXTENDED instead of ALL (diagnostic: no NCHWc
+  layout transformer, so no layout reorders at the stage boundaries);
+- checks that the chain's outputs equal the whole model's.
+Each measurement runs in a fresh (spawned) process, so the variants do not
+share allocator state.
+
+Prints the table and writes docs/bench-split.md (atomically).
+
+    /work/venv/bin/python benchmarks/bench_split.py [--runs 15] [NAMES...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from masa.atomic import atomic_write_text
+from masa.session import create_session, release_memory, session_options
+from model_prep.manifest import NetworkManifest, load_manifest
+from model_prep.split import split_model
+from workloads.zoo import MIB, ZOO_NAMES, ZOO_SPECS, check_names, save_model
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_RATIO = 1.05
+
+
+VARIANTS = ("create_session", "no_mmap_pin", "no_mmap_pin_extended")
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """Medians of one variant's alternating whole / chain runs."""
+
+    whole_ms: float
+    chain_ms: float
+    whole_cpu_ms: float
+    chain_cpu_ms: float
+    max_abs_diff: float
+
+    @property
+    def ratio(self) -> float:
+        return self.chain_ms / self.whole_ms
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.chain_cpu_ms / self.whole_cpu_ms
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    name: str
+    model_mib: float
+    stages: int
+    conv_stages: int
+    fc_stages: int
+    build_s: float
+    split_s: float
+    times: dict[str, RunTimes]  # by variant
+
+    @property
+    def ratio(self) -> float:
+        return self.times["create_session"].ratio
+
+
+def split_into_store(model_path: Path, network_dir: Path, name: str) -> NetworkManifest:
+    """The preparator's public split entry point (no profiling)."""
+    return split_model(model_path, network_dir, name)
+
+
+def _session(path: Path, variant: str) -> ort.InferenceSession:
+    if variant == "create_session":
+        return create_session(path, intra_op_threads=1)
+    # Same shared options, but glibc's mmap threshold is left to its default.
+    options = session_options(1)
+    if variant == "no_mmap_pin_extended":
+        # Below ORT_ENABLE_ALL: no NCHWc layout transformer, so no layout
+        # reorders at stage boundaries (and slower convolutions overall).
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return ort.InferenceSession(str(path), sess_options=options,
+                                providers=["CPUExecutionProvider"])
+
+
+def _time_chain(sessions: list[tuple[ort.InferenceSession, list[str], list[str]]],
+                feeds: dict[str, np.ndarray]) -> tuple[float, float, dict[str, np.ndarray]]:
+    """One pass over the stage chain: summed (wall s, thread CPU s) of the stage runs only."""
+    tensors = dict(feeds)
+    wall_s = cpu_s = 0.0
+    for session, input_names, output_names in sessions:
+        stage_feeds = {n: tensors[n] for n in input_names}
+        start_s, start_cpu_s = time.perf_counter(), time.thread_time()
+        outputs = session.run(output_names, stage_feeds)
+        wall_s += time.perf_counter() - start_s
+        cpu_s += time.thread_time() - start_cpu_s
+        tensors.update(zip(output_names, outputs, strict=True))
+    return wall_s, cpu_s, tensors
+
+
+def measure_runs(model_path: Path, network_dir: Path, variant: str, runs: int,
+                 seed: int) -> RunTimes:
+    """Whole model vs stage chain, alternating; meant to run in a fresh process."""
+    manifest = load_manifest(network_dir)
+    whole = _session(model_path, variant)
+    chain = [(_session(manifest.stage_path(stage), variant),
+              [t.name for t in stage.inputs], [t.name for t in stage.outputs])
+             for stage in manifest.stages]
+    output_names = [o.name for o in manifest.outputs]
+    rng = np.random.default_rng(seed)
+    feeds = {t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in manifest.inputs}
+
+    # Warm-up: first runs allocate and pack; neither side should pay that in the figures.
+    expected = whole.run(output_names, feeds)
+    tensors = _time_chain(chain, feeds)[2]
+    max_abs_diff = max(float(np.max(np.abs(tensors[n] - e)))
+                       for n, e in zip(output_names, expected, strict=True))
+    whole_s: list[float] = []
+    whole_cpu_s: list[float] = []
+    chain_s: list[float] = []
+    chain_cpu_s: list[float] = []
+    for _ in range(runs):
+        start_s, start_cpu_s = time.perf_counter(), time.thread_time()
+        whole.run(output_names, feeds)
+        whole_s.append(time.perf_counter() - start_s)
+        whole_cpu_s.append(time.thread_time() - start_cpu_s)
+        wall, cpu, _ = _time_chain(chain, feeds)
+        chain_s.append(wall)
+        chain_cpu_s.append(cpu)
+    median = statistics.median
+    return RunTimes(median(whole_s) * 1e3, median(chain_s) * 1e3, median(whole_cpu_s) * 1e3,
+                    median(chain_cpu_s) * 1e3, max_abs_diff)
+
+
+def bench_one(name: str, work_dir: Path, runs: int, seed: int) -> SplitResult:
+    model_path = work_dir / f"{name}.onnx"
+    start = time.perf_counter()
+    save_model(name, model_path, scale=1.0, seed=seed)
+    build_s = time.perf_counter() - start
+    release_memory()
+
+    network_dir = work_dir / "store" / name
+    start = time.perf_counter()
+    manifest = split_into_store(model_path, network_dir, name)
+    split_s = time.perf_counter() - start
+    release_memory()
+
+    context = multiprocessing.get_context("spawn")
+    times = {}
+    for variant in VARIANTS:
+        with context.Pool(1) as pool:
+            times[variant] = pool.apply(measure_runs,
+                                        (model_path, network_dir, variant, runs, seed))
+    return SplitResult(
+        name=name, model_mib=model_path.stat().st_size / MIB, stages=len(manifest.stages),
+        conv_stages=sum(s.layer_type == "conv" for s in manifest.stages),
+        fc_stages=sum(s.layer_type == "fc" for s in manifest.stages),
+        build_s=build_s, split_s=split_s, times=times,
+    )
+
+
+def markdown_table(results: list[SplitResult]) -> str:
+    lines = [
+        "| network | model MiB | stages (conv/fc) | build s | split s | whole ms | "
+        "sum of stages ms | ratio | CPU-time ratio | ratio without mmap pin | "
+        "... and without NCHWc | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        main, plain = r.times["create_session"], r.times["no_mmap_pin"]
+        extended = r.times["no_mmap_pin_extended"]
+        mark = "" if main.ratio <= TARGET_RATIO else " (over)"
+        lines.append(
+            f"| {ZOO_SPECS[r.name].paper_name} | {r.model_mib:.1f} | {r.stages} "
+            f"({r.conv_stages}/{r.fc_stages}) | {r.build_s:.1f} | {r.split_s:.2f} | "
+            f"{main.whole_ms:.1f} | {main.chain_ms:.1f} | {main.ratio:.3f}{mark} | "
+            f"{main.cpu_ratio:.3f} | {plain.ratio:.3f} (CPU {plain.cpu_ratio:.3f}) | "
+            f"{extended.ratio:.3f} (CPU {extended.cpu_ratio:.3f}, whole "
+            f"{extended.whole_ms / plain.whole_ms:.2f}x slower) | "
+            f"{max(t.max_abs_diff for t in r.times.values()):.1e} |")
+    return "\n".join(lines)
+
+
+def write_report(results: list[SplitResult], runs: int, path: Path) -> None:
+    worst = max(results, key=lambda r: r.ratio)
+    over = [ZOO_SPECS[r.name].paper_name for r in results if r.ratio > TARGET_RATIO]
+    text = f"""# Split benchmark
+
+Written by `benchmarks/bench_split.py` (run: `python benchmarks/bench_split.py`).
+
+Every zoo network (docs/zoo.md) at scale 1: the time to split it into
+per-layer stage files with the preparator (`model_prep.split.split_model`:
+stage files and manifest written, no profiling), and the cost of running it as
+a chain of stage sessions instead of one session, with 1 intra-op thread.
+Per run the whole model and then the stage chain run on the same random input;
+"whole ms" and "sum of stages ms" are medians over {runs} runs after one
+warm-up run each, and "sum of stages" counts only the stage `run` calls (not
+the Python glue between them). Ratio = sum of stages / whole, target <= {TARGET_RATIO}.
+
+- "ratio": wall time, sessions from `masa.session.create_session` (what the
+  profiler and the executors run).
+- "CPU-time ratio": the same runs measured in the calling thread's CPU time
+  (with one intra-op thread ONNX Runtime computes on the calling thread), which
+  other processes competing for the cores do not inflate.
+- "ratio without mmap pin": same session options, in a fresh process that
+  never calls `create_session`, so glibc's mmap threshold keeps its default
+  dynamic behaviour instead of the 128 KiB pin `create_session` applies.
+- "... and without NCHWc": also at graph optimisation level ORT_ENABLE_EXTENDED
+  instead of ALL, so ONNX Runtime's NCHWc layout transformer is off and no
+  stage converts its input into the blocked layout and its output back; the
+  whole model is then slower by the factor given (vs the run without the pin).
+- "max abs diff": the stage chain's outputs vs the whole model's.
+
+{markdown_table(results)}
+
+Worst ratio: {worst.ratio:.3f} ({ZOO_SPECS[worst.name].paper_name}); without the
+mmap pin: {max(r.times["no_mmap_pin"].ratio for r in results):.3f}; without the pin and
+NCHWc: {max(r.times["no_mmap_pin_extended"].ratio for r in results):.3f}.
+{"All networks meet the target." if not over else
+ "Over the target: " + ", ".join(over) + "."}
+
+Machine: {platform.machine()}, {os.cpu_count()} cores, Python
+{platform.python_version()}, onnxruntime {ort.__version__}. The machine was
+shared with other work while this ran, so wall times carry noise; whole and
+chain runs alternate so that noise hits both alike.
+"""
+    atomic_write_text(path, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"zoo networks (default: all of "
+                        f"{', '.join(ZOO_NAMES)})")
+    parser.add_argument("--runs", type=int, default=15, help="timed runs per model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench-split.md")
+    args = parser.parse_args(argv)
+    names = check_names(args.names) if args.names else list(ZOO_NAMES)
+    results = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"bench-split-{name}-") as work_dir:
+            result = bench_one(name, Path(work_dir), args.runs, args.seed)
+        results.append(result)
+        main_times = result.times["create_session"]
+        print(f"{name}: split {result.split_s:.2f} s, whole {main_times.whole_ms:.1f} ms, "
+              f"stages {main_times.chain_ms:.1f} ms, ratio {main_times.ratio:.3f} "
+              f"(CPU {main_times.cpu_ratio:.3f}; without mmap pin "
+              f"{result.times['no_mmap_pin'].ratio:.3f})", flush=True)
+    print(markdown_table(results))
+    write_report(results, args.runs, args.out)
+    print(f"wrote {args.out}")
+    return 0 if all(r.ratio <= TARGET_RATIO for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
