@@ -106,7 +106,8 @@ def check_names(names: Sequence[str]) -> list[str]:
         elif name not in chosen:
             chosen.append(name)
     if unknown:
-        raise UserError(f"masa zoo: unknown network(s) {', '.join(repr(n) for n in unknown)} "
+        raise UserError(f"zoo network name: unknown network(s) "
+                        f"{', '.join(repr(n) for n in unknown)} "
                         f"(expected some of: {', '.join(ZOO_NAMES)})")
     return chosen
 
