@@ -1,0 +1,242 @@
+"""Dispatch order of the masa (Algorithm 1), bulk and deepeye policies on hand-made graphs.
+
+Task ids are drawn from every permutation of a name list, so an order that
+holds for all permutations cannot come from comparing names.
+"""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+import pytest
+from sched_graphs import chain_network, merge, single
+
+from masa.checker import check_schedule
+from masa.core import (
+    SchedulerState,
+    add_tasks,
+    arrive,
+    finish,
+    is_finished,
+    new_state,
+    select,
+)
+from masa.simulator import simulate_graph
+from masa.taskgraph import TaskGraph, TaskKind
+
+NAMES = ("p", "q", "r", "s", "t")
+ID_PERMUTATIONS = list(permutations(NAMES))
+
+
+def run_one_worker(state: SchedulerState) -> list[str]:
+    """Dispatch and finish tasks one at a time until everything has ended."""
+    order: list[str] = []
+    while not is_finished(state):
+        dispatches = select(state)
+        assert len(dispatches) == 1
+        order.append(dispatches[0].task_id)
+        finish(state, dispatches[0].task_id)
+    return order
+
+
+@pytest.mark.parametrize("names", ID_PERMUTATIONS)
+def test_masa_execs_first_then_loads_each_by_ascending_footprint(names: tuple[str, ...]) -> None:
+    ids = dict(zip(("load_small", "load_big", "exec_big", "exec_small", "exec_locked"),
+                   names, strict=True))
+    graph = merge([
+        single(ids["load_small"], TaskKind.LOAD, 1),
+        single(ids["load_big"], TaskKind.LOAD, 40),
+        single(ids["exec_big"], TaskKind.EXEC, 30),
+        single(ids["exec_small"], TaskKind.EXEC, 10),
+        # Small direct memory but a large output lock: its footprint is 55.
+        single(ids["exec_locked"], TaskKind.EXEC, 5, lock_bytes=50),
+    ])
+    state = new_state(1, 1000, "masa")
+    add_tasks(state, graph)
+    expected = ["exec_small", "exec_big", "exec_locked", "load_small", "load_big"]
+    assert run_one_worker(state) == [ids[role] for role in expected]
+    assert state.ledger.reserved_bytes == 0 and state.over_commits == []
+
+
+@pytest.mark.parametrize("names", ID_PERMUTATIONS[::7])
+def test_masa_ties_by_job_network_stage_order_then_id(names: tuple[str, ...]) -> None:
+    ids = dict(zip(("late_job", "later_network", "tie_a", "tie_b", "later_stage"),
+                   names, strict=True))
+    graph = merge([
+        single(ids["late_job"], TaskKind.EXEC, 10, order=(1, 0, 0)),
+        single(ids["later_network"], TaskKind.EXEC, 10, order=(0, 2, 0)),
+        single(ids["tie_a"], TaskKind.EXEC, 10, order=(0, 1, 3)),
+        single(ids["tie_b"], TaskKind.EXEC, 10, order=(0, 1, 3)),
+        single(ids["later_stage"], TaskKind.EXEC, 10, order=(0, 1, 4)),
+    ])
+    state = new_state(1, 1000, "masa")
+    add_tasks(state, graph)
+    ties = sorted([ids["tie_a"], ids["tie_b"]])  # full tie: task id decides
+    expected = ties + [ids["later_stage"], ids["later_network"], ids["late_job"]]
+    assert run_one_worker(state) == expected
+
+
+@pytest.mark.parametrize("names", ID_PERMUTATIONS[::5])
+def test_masa_skips_what_does_not_fit(names: tuple[str, ...]) -> None:
+    ids = dict(zip(("blocker", "exec_big", "load_big", "load_small", "unused"),
+                   names, strict=True))
+    state = new_state(2, 100, "masa")
+    graph = merge([
+        single(ids["blocker"], TaskKind.EXEC, 60),
+        single(ids["exec_big"], TaskKind.EXEC, 50),
+        single(ids["load_big"], TaskKind.LOAD, 45),
+        single(ids["load_small"], TaskKind.LOAD, 30),
+    ])
+    add_tasks(state, graph, arrived=False)
+    arrive(state, [ids["blocker"]])
+    assert [d.task_id for d in select(state)] == [ids["blocker"]]
+    arrive(state, [ids["exec_big"], ids["load_big"], ids["load_small"]])
+    # 60 reserved: EXEC 50 and LOAD 45 do not fit; the smaller LOAD 30 does.
+    assert [d.task_id for d in select(state)] == [ids["load_small"]]
+    finish(state, ids["blocker"])
+    assert [d.task_id for d in select(state)] == [ids["exec_big"]]  # 30 + 50 fits
+    assert select(state) == []  # no idle worker
+    finish(state, ids["load_small"])
+    assert [d.task_id for d in select(state)] == [ids["load_big"]]  # 50 + 45 fits
+    assert state.over_commits == []
+
+
+@pytest.mark.parametrize("names", ID_PERMUTATIONS[::11])
+def test_masa_progress_rule_runs_smallest_of_preferred_kind_only_when_idle(
+        names: tuple[str, ...]) -> None:
+    ids = dict(zip(("blocker", "exec_huge", "exec_huger", "load_big", "unused"),
+                   names, strict=True))
+    state = new_state(2, 100, "masa")
+    add_tasks(state, merge([
+        single(ids["blocker"], TaskKind.EXEC, 10),
+        single(ids["exec_huge"], TaskKind.EXEC, 150),
+        single(ids["exec_huger"], TaskKind.EXEC, 160),
+        single(ids["load_big"], TaskKind.LOAD, 120),
+    ]))
+    # Only the blocker fits; while it runs nothing may over-commit.
+    dispatches = select(state)
+    assert [(d.task_id, d.over_commit) for d in dispatches] == [(ids["blocker"], False)]
+    finish(state, ids["blocker"])
+    # Nothing fits and no worker is busy: the smallest EXEC (preferred kind) runs,
+    # although the LOAD is smaller, and only one task over-commits.
+    dispatches = select(state)
+    assert [(d.task_id, d.over_commit) for d in dispatches] == [(ids["exec_huge"], True)]
+    [record] = state.over_commits
+    assert (record.task_id, record.footprint_bytes, record.reserved_bytes, record.reason) == (
+        ids["exec_huge"], 150, 150, "progress")
+    finish(state, ids["exec_huge"])
+    assert [d.task_id for d in select(state)] == [ids["exec_huger"]]
+    finish(state, ids["exec_huger"])
+    assert [d.task_id for d in select(state)] == [ids["load_big"]]
+    finish(state, ids["load_big"])
+    assert len(state.over_commits) == 3 and state.ledger.reserved_bytes == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_load_order_rule_avoids_the_over_commit_of_loading_later_stages_first(
+        workers: int) -> None:
+    """Later stages are smaller, so smallest-first would load them before stage 0.
+
+    Without the rule, s2 and s1 fill memory, s0 cannot be loaded and nothing
+    can run: a budget-respecting scheduler is deadlocked and masa must
+    over-commit (progress rule). With the rule (start_after LOAD(s) ->
+    LOAD(s+1)) the same budget suffices: no over-commit, nothing stuck.
+    """
+    budget_bytes = 90
+    unruled = chain_network(0, 0, [50, 30, 20], load_order_rule=False)
+    result = simulate_graph(unruled, workers=workers, memory_budget_bytes=budget_bytes)
+    assert result.dispatch_order[:2] == ("j0/n0/s2/load", "j0/n0/s1/load")
+    over_commit = result.over_commits[0]
+    assert (over_commit.task_id, over_commit.reason) == ("j0/n0/s0/load", "progress")
+    assert over_commit.reserved_bytes > budget_bytes
+
+    ruled = chain_network(0, 0, [50, 30, 20])
+    result = simulate_graph(ruled, workers=workers, memory_budget_bytes=budget_bytes)
+    assert result.over_commits == ()
+    assert result.unfinished == () and result.final_reserved_bytes == 0
+    assert result.peak_reserved_bytes <= budget_bytes
+    assert check_schedule(ruled, result.schedule, workers=workers,
+                          memory_budget_bytes=budget_bytes) == []
+
+
+def test_load_order_rule_keeps_many_networks_within_budget() -> None:
+    """Several networks under a budget that holds two stages plus working memory."""
+    graph = merge([chain_network(0, n, [40, 35, 30, 25, 20]) for n in range(4)])
+    for workers in (1, 2, 3):
+        result = simulate_graph(graph, workers=workers, memory_budget_bytes=100)
+        assert result.unfinished == ()
+        assert check_schedule(graph, result.schedule, workers=workers,
+                              memory_budget_bytes=100,
+                              allowed_over_commits=[o.task_id for o in result.over_commits]) == []
+        assert result.final_reserved_bytes == 0
+
+
+def test_bulk_runs_one_network_at_a_time_loads_then_execs() -> None:
+    graph = merge([chain_network(0, 1, [10, 10, 10]), chain_network(0, 0, [10, 10]),
+                   chain_network(1, 0, [10], release_us=50)])
+    result = simulate_graph(graph, policy="bulk", workers=2, memory_budget_bytes=10_000)
+    assert result.dispatch_order == (
+        "j0/n0/s0/load", "j0/n0/s1/load", "j0/n0/s0/exec", "j0/n0/s1/exec",
+        "j0/n1/s0/load", "j0/n1/s1/load", "j0/n1/s2/load",
+        "j0/n1/s0/exec", "j0/n1/s1/exec", "j0/n1/s2/exec",
+        "j1/n0/s0/load", "j1/n0/s0/exec")
+    entries = {entry.task_id: entry for entry in result.schedule}
+    # Two loads of a network run in parallel; its first EXEC follows its last LOAD.
+    assert entries["j0/n0/s0/load"].start_us == entries["j0/n0/s1/load"].start_us == 0
+    assert entries["j0/n1/s0/exec"].start_us >= entries["j0/n1/s2/load"].end_us
+    assert entries["j0/n1/s0/load"].start_us >= entries["j0/n0/s1/exec"].end_us
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=10_000) == []
+
+
+def test_bulk_is_memory_oblivious_and_reports_over_budget_peaks() -> None:
+    # 55 bytes hold one stage (40), its working memory (5) and two outputs (5 + 5).
+    graph = chain_network(0, 0, [40, 40, 40])
+    result = simulate_graph(graph, policy="bulk", workers=1, memory_budget_bytes=55)
+    assert result.peak_reserved_bytes >= 120  # every stage loaded at once
+    assert result.over_commits and {o.reason for o in result.over_commits} == {"oblivious"}
+    assert result.final_reserved_bytes == 0
+    assert check_schedule(graph, result.schedule, workers=1, memory_budget_bytes=55,
+                          allowed_over_commits=[o.task_id for o in result.over_commits]) == []
+    assert check_schedule(graph, result.schedule, workers=1, memory_budget_bytes=55) != []
+    # The same budget under masa: no over-commit at all.
+    masa = simulate_graph(graph, policy="masa", workers=1, memory_budget_bytes=55)
+    assert masa.over_commits == () and masa.peak_reserved_bytes <= 55
+
+
+def test_deepeye_loads_fc_stages_while_conv_stages_execute() -> None:
+    graph = merge([
+        chain_network(0, 0, [10, 10, 50, 50], layer_types=["conv", "conv", "fc", "fc"],
+                      load_us=100, exec_us=200),
+        chain_network(1, 0, [10, 10, 50], layer_types=["conv", "conv", "fc"],
+                      load_us=100, exec_us=200),
+    ])
+    result = simulate_graph(graph, policy="deepeye", workers=2, memory_budget_bytes=10_000)
+    entries = {entry.task_id: entry for entry in result.schedule}
+    assert result.unfinished == ()
+    # A network's first conv EXEC waits for its last conv LOAD.
+    assert entries["j0/n0/s0/exec"].start_us >= entries["j0/n0/s1/load"].end_us
+    # Some FC LOAD overlaps some conv EXEC of the same network (the interleaving).
+    conv_execs = [entries[f"j0/n0/s{i}/exec"] for i in (0, 1)]
+    fc_loads = [entries[f"j0/n0/s{i}/load"] for i in (2, 3)]
+    assert any(load.start_us < ex.end_us and ex.start_us < load.end_us
+               for load in fc_loads for ex in conv_execs)
+    # The conv lane moves on to the next network before the first one's FC work ends.
+    assert entries["j1/n0/s0/load"].start_us < entries["j0/n0/s3/exec"].end_us
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=10_000) == []
+
+
+@pytest.mark.parametrize("policy", ["masa", "bulk", "deepeye"])
+def test_every_policy_serves_arrivals_in_order_and_finishes(policy: str) -> None:
+    graph = merge([chain_network(job, 0, [30, 20], release_us=job * 10) for job in range(5)])
+    result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=1_000)
+    assert result.unfinished == () and result.final_reserved_bytes == 0
+    first_starts = [
+        next(e.start_us for e in result.schedule if e.task_id == f"j{job}/n0/s0/load")
+        for job in range(5)
+    ]
+    assert first_starts == sorted(first_starts)
+
+
+def test_empty_graph() -> None:
+    result = simulate_graph(TaskGraph(tasks=()), workers=1, memory_budget_bytes=0)
+    assert result.schedule == () and result.makespan_us == 0
