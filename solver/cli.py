@@ -46,6 +46,7 @@ from solver.model import (
     SolveResult,
     response_sum,
     schedule_makespan,
+    serial_schedule,
     solve_instance,
 )
 
@@ -57,7 +58,8 @@ class Evaluation:
     instance: Instance
     result: SolveResult
     heuristic_schedule: tuple[ScheduledTask, ...] | None  # None: simulator unavailable
-    heuristic_problems: tuple[str, ...]  # checker findings on the heuristic schedule
+    heuristic_over_commits: tuple[str, ...]  # tasks run over budget (progress rule)
+    heuristic_problems: tuple[str, ...]  # checker findings beyond those over-commits
     solver_problems: tuple[str, ...]  # checker findings on the solver schedule (expect none)
     checker_available: bool
 
@@ -100,41 +102,58 @@ def _optional(module: str, name: str) -> Any:
         return None
 
 
-def run_heuristic(instance: Instance) -> tuple[ScheduledTask, ...] | None:
-    """The `masa` policy in the simulator on exactly this instance (None if unavailable)."""
+def run_heuristic(instance: Instance) -> tuple[tuple[ScheduledTask, ...], tuple[str, ...]] | None:
+    """The `masa` policy in the simulator on exactly this instance.
+
+    Returns its schedule and the tasks it over-committed memory for (the
+    progress rule: run the smallest task when nothing fits and no worker is
+    busy), or None when the simulator is unavailable.
+    """
     simulate_graph = _optional("masa.simulator", "simulate_graph")
     if simulate_graph is None:
         return None
     result = simulate_graph(instance.graph, policy="masa", workers=instance.workers,
                             memory_budget_bytes=instance.memory)
-    return tuple(result.schedule)
+    over_commits = tuple(item.task_id for item in getattr(result, "over_commits", ()))
+    return tuple(result.schedule), over_commits
 
 
-def check(instance: Instance, schedule: Sequence[ScheduledTask]) -> list[str] | None:
+def check(instance: Instance, schedule: Sequence[ScheduledTask],
+          allowed_over_commits: Sequence[str] = ()) -> list[str] | None:
     """masa.checker's findings on a schedule ([] = valid), or None if unavailable."""
     check_schedule = _optional("masa.checker", "check_schedule")
     if check_schedule is None:
         return None
     return list(check_schedule(instance.graph, list(schedule), workers=instance.workers,
-                               memory_budget_bytes=instance.memory))
+                               memory_budget_bytes=instance.memory,
+                               allowed_over_commits=allowed_over_commits))
 
 
 def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
              ) -> Evaluation:
     """Heuristic, then solver hinted with the heuristic's schedule when it checks out."""
     check_feasible(instance)
-    heuristic = run_heuristic(instance)
+    simulated = run_heuristic(instance)
     heuristic_problems: list[str] = []
+    heuristic, over_commits = simulated if simulated is not None else (None, ())
     hint = None
     if heuristic is not None:
-        found = check(instance, heuristic)
+        # Checked allowing its recorded over-commits: anything else is a bug.
+        found = check(instance, heuristic, over_commits)
         heuristic_problems = found or []
-        # Only a schedule the checker accepts may serve as hint and upper bound.
-        if found is not None and not found and use_hint:
+        # Only a schedule within the budget may serve as hint and upper bound.
+        if found is not None and not found and not over_commits and use_hint:
             hint = heuristic
+    if hint is None and use_hint:
+        # Without a valid heuristic schedule, large tight instances may find
+        # no solution at all: one task at a time usually fits.
+        fallback = serial_schedule(instance.graph)
+        if check(instance, fallback) == []:
+            hint = fallback
     result = solve_instance(instance, options, hint=hint)
     solver_problems = check(instance, result.schedule) if result.schedule else []
     return Evaluation(instance=instance, result=result, heuristic_schedule=heuristic,
+                      heuristic_over_commits=over_commits,
                       heuristic_problems=tuple(heuristic_problems),
                       solver_problems=tuple(solver_problems or ()),
                       checker_available=_optional("masa.checker", "check_schedule") is not None)
@@ -172,6 +191,7 @@ def evaluation_to_dict(evaluation: Evaluation, *, with_schedule: bool = True) ->
         "solve_time_s": round(result.solve_time_s, 3),
         "segments": result.segments,
         "hint_used": result.hint_used,
+        "heuristic_over_commits": list(evaluation.heuristic_over_commits),
         "heuristic_check": list(evaluation.heuristic_problems),
         "solver_check": list(evaluation.solver_problems),
         "checker_available": evaluation.checker_available,
@@ -206,6 +226,11 @@ def format_evaluation(evaluation: Evaluation) -> str:
         if evaluation.ratio is not None:
             extra = "" if result.proven else f" (at most {evaluation.ratio_max:.3f})"
             lines.append(f"ratio: {evaluation.ratio:.3f}{extra}")
+        if evaluation.heuristic_over_commits:
+            lines.append(f"heuristic over-committed memory for "
+                         f"{len(evaluation.heuristic_over_commits)} task(s) (progress rule): "
+                         f"{', '.join(evaluation.heuristic_over_commits[:5])}; its schedule "
+                         "exceeds the budget, so it is no valid hint or comparison")
         for problem in evaluation.heuristic_problems:
             lines.append(f"heuristic schedule check: {problem}")
     for problem in evaluation.solver_problems:
@@ -310,22 +335,32 @@ def _instance_from_args(args: argparse.Namespace) -> Instance:
 
 
 def _workload_instance(args: argparse.Namespace) -> Instance:
-    """A workload YAML plus a store's profiles, through the scheduler's graph builder."""
+    """A workload YAML plus a store's profiles, through the scheduler's graph builder.
+
+    Context-oblivious (every network of every job runs): the solver has no
+    notion of conditions. Durations are in microseconds, memory in bytes.
+    """
     if not args.store:
         raise UserError(f"{args.instance}: a workload file needs --store DIR "
                         "(the prepared networks and their profiles)")
-    build = _optional("masa.jobs", "build_workload_graph")
-    if build is None:
-        raise UserError("workload files need masa.jobs.build_workload_graph, "
-                        "which is not available in this installation")
     if args.memory is None or args.workers is None:
         raise UserError(f"{args.instance}: give --workers and --memory for a workload")
+    from masa.jobs import build_workload_graph
+    from model_prep.manifest import load_store_network
     from solver.instance import graph_to_instance
+    from workloads.schema import generate_jobs, load_workload
 
-    graph = build(args.instance, args.store)
+    workload = load_workload(args.instance, Path(args.store))
+    jobs = generate_jobs(workload)
+    if args.jobs is not None:
+        jobs = jobs[:args.jobs]
+    manifests = {name: load_store_network(args.store, name, check_files=False)
+                 for name in workload.networks}
+    graph = build_workload_graph(jobs, manifests, workload.networks)
     return graph_to_instance(graph, workers=args.workers,
                              memory_bytes=parse_memory_bytes(args.memory, "--memory"),
-                             name=Path(args.instance).stem)
+                             name=f"{workload.name or Path(args.instance).stem}-"
+                                  f"{len(jobs)}jobs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -344,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "unload=1,identical=0,release_gap=0,workers=2")
     parser.add_argument("--store", metavar="DIR", help="store of prepared networks "
                         "(for a workload YAML)")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="workload YAML only: solve the first N jobs (default: all)")
     parser.add_argument("--workers", type=int, help="override the number of workers")
     parser.add_argument("--memory", help="override the memory budget (instance units; "
                         "sizes such as 512MiB when the unit is bytes)")
@@ -372,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
 def handle(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers: expected an integer >= 1")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("--jobs: expected an integer >= 1")
     if args.time_limit <= 0 or args.search_workers < 1:
         raise UserError("--time-limit must be > 0 and --search-workers >= 1")
     instance = _instance_from_args(args)

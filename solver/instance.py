@@ -293,16 +293,64 @@ def write_instance(instance: Instance, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- feasibility
 
-def held_during(graph: TaskGraph, task_id: str) -> int:
+def ancestor_sets(graph: TaskGraph) -> dict[str, set[str]]:
+    """For each task, every task that must end before it starts (transitive precedence).
+
+    The graph must be acyclic (instance_from_dict guarantees it).
+    """
+    predecessors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
+    successors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
+    for before, after in graph.precedence:
+        predecessors[after].append(before)
+        successors[before].append(after)
+    remaining = {task_id: len(parents) for task_id, parents in predecessors.items()}
+    ready = [task_id for task_id, count in remaining.items() if count == 0]
+    ancestors: dict[str, set[str]] = {}
+    while ready:
+        task_id = ready.pop()
+        found: set[str] = set()
+        for parent in predecessors[task_id]:
+            found.add(parent)
+            found |= ancestors[parent]
+        ancestors[task_id] = found
+        for child in successors[task_id]:
+            remaining[child] -= 1
+            if remaining[child] == 0:
+                ready.append(child)
+    return ancestors
+
+
+def spanning_locks(graph: TaskGraph, ancestors: dict[str, set[str]] | None = None
+                   ) -> dict[str, set[int]]:
+    """For each task, the indices of the locks held across its whole run, in any schedule.
+
+    A lock spans a task when it is opened by the task or one of its ancestors
+    (so it is held from before the task starts) and closed by the task or one
+    of its descendants (so it is held until after the task ends).
+    """
+    ancestors = ancestor_sets(graph) if ancestors is None else ancestors
+    spanning: dict[str, set[int]] = {task.task_id: set() for task in graph.tasks}
+    for index, lock in enumerate(graph.locks):
+        closers = set(lock.until_tasks)
+        for task in graph.tasks:
+            tid = task.task_id
+            opened = lock.from_task == tid or lock.from_task in ancestors[tid]
+            if opened and (tid in closers or any(tid in ancestors[u] for u in closers)):
+                spanning[tid].add(index)
+    return spanning
+
+
+def held_during(graph: TaskGraph, task_id: str,
+                spanning: dict[str, set[int]] | None = None) -> int:
     """Memory that must be held while `task_id` runs, whatever the schedule.
 
-    Its own direct memory, every lock it opens (held from its start) and every
-    lock it closes (held until its end, so across its whole run).
+    Its own direct memory plus every lock spanning it (see `spanning_locks`):
+    those it opens or closes, and e.g. a stage's resident weights while an
+    earlier task of the same chain runs between its load and its exec.
     """
-    task = graph.by_id[task_id]
-    return task.memory_bytes + sum(
-        lock.memory_bytes for lock in graph.locks
-        if lock.from_task == task_id or task_id in lock.until_tasks)
+    spanning = spanning_locks(graph) if spanning is None else spanning
+    return graph.by_id[task_id].memory_bytes + sum(
+        graph.locks[index].memory_bytes for index in spanning[task_id])
 
 
 def infeasibility_reasons(instance: Instance) -> list[str]:
@@ -313,21 +361,22 @@ def infeasibility_reasons(instance: Instance) -> list[str]:
     """
     graph = instance.graph
     unit = instance.memory_unit
+    cycle = find_cycle([task.task_id for task in graph.tasks], graph.precedence)
+    if cycle:
+        return ["cyclic precedence: " + " -> ".join(cycle)]
     reasons: list[str] = []
     for lock in graph.locks:
         if lock.memory_bytes > instance.memory:
             reasons.append(f"lock {lock.lock_id!r} ({lock.from_task} until "
                            f"{', '.join(lock.until_tasks)}) holds {lock.memory_bytes} {unit}, "
                            f"more than the memory budget {instance.memory} {unit}")
+    spanning = spanning_locks(graph)
     for task in graph.tasks:
-        need = held_during(graph, task.task_id)
+        need = held_during(graph, task.task_id, spanning)
         if need > instance.memory:
             reasons.append(f"task {task.task_id!r} needs {need} {unit} while it runs "
-                           f"(direct {task.memory_bytes} plus locks it opens or closes), "
+                           f"(direct {task.memory_bytes} plus the locks held across it), "
                            f"more than the memory budget {instance.memory} {unit}")
-    cycle = find_cycle([task.task_id for task in graph.tasks], graph.precedence)
-    if cycle:
-        reasons.append("cyclic precedence: " + " -> ".join(cycle))
     return reasons
 
 
@@ -342,7 +391,8 @@ def check_feasible(instance: Instance) -> None:
 
 def minimum_memory(graph: TaskGraph) -> int:
     """The smallest budget that passes `infeasibility_reasons` (largest single need)."""
-    needs = [held_during(graph, task.task_id) for task in graph.tasks]
+    spanning = spanning_locks(graph)
+    needs = [held_during(graph, task.task_id, spanning) for task in graph.tasks]
     needs += [lock.memory_bytes for lock in graph.locks]
     return max(needs, default=0)
 

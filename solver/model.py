@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from ortools.sat.python import cp_model
 
 from masa.taskgraph import ScheduledTask, Task, TaskGraph
-from solver.instance import Instance
+from solver.instance import Instance, ancestor_sets, spanning_locks
 
 FORMULATIONS = ("cumulative", "paper")
 OBJECTIVES = ("makespan", "response")
@@ -102,6 +102,39 @@ def assign_workers(intervals: Iterable[tuple[str, int, int]], workers: int
     return result
 
 
+def serial_schedule(graph: TaskGraph) -> tuple[ScheduledTask, ...]:
+    """One task at a time on worker 0, in topological order, ties by (order, position).
+
+    A fallback hint when the heuristic's schedule is not within the budget.
+    Running one task at a time holds no more than a parallel schedule that
+    starts tasks in the same order, so it is feasible whenever such a schedule
+    is; with networks one after another it usually fits (check it before use).
+    """
+    import heapq
+
+    position = {task.task_id: index for index, task in enumerate(graph.tasks)}
+    successors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
+    waiting = dict.fromkeys(successors, 0)
+    for before, after in graph.precedence:
+        successors[before].append(after)
+        waiting[after] += 1
+    ready = [(graph.by_id[t].order, position[t], t) for t, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    time_us = 0
+    schedule: list[ScheduledTask] = []
+    while ready:
+        _, _, task_id = heapq.heappop(ready)
+        task = graph.by_id[task_id]
+        start = max(time_us, task.release_us)
+        time_us = start + task.duration_us
+        schedule.append(ScheduledTask(task_id, 0, start, time_us))
+        for child in successors[task_id]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, (graph.by_id[child].order, position[child], child))
+    return tuple(schedule)
+
+
 def schedule_makespan(schedule: Sequence[ScheduledTask]) -> int:
     return max((item.end_us for item in schedule), default=0)
 
@@ -169,21 +202,6 @@ def _heads_and_tails(graph: TaskGraph) -> tuple[dict[str, int], dict[str, int]]:
     return head, tail
 
 
-def _ancestors_closure(graph: TaskGraph) -> dict[str, set[str]]:
-    """For each task, the set of tasks that must end before it starts (transitively)."""
-    predecessors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
-    for before, after in graph.precedence:
-        predecessors[after].append(before)
-    ancestors: dict[str, set[str]] = {}
-    for task_id in _topological(graph):
-        found: set[str] = set()
-        for parent in predecessors[task_id]:
-            found.add(parent)
-            found |= ancestors[parent]
-        ancestors[task_id] = found
-    return ancestors
-
-
 def identical_groups(graph: TaskGraph) -> list[list[list[str]]]:
     """Classes of interchangeable networks: each class a list of groups, each a task list.
 
@@ -241,18 +259,8 @@ def conflict_cliques(graph: TaskGraph, memory: int, limit: int | None = None
     disjunctive reasoning (edge finding, LP cuts) that the memory cumulative,
     whose lock intervals have variable size, propagates only weakly.
     """
-    ancestors = _ancestors_closure(graph)
-    descendants: dict[str, set[str]] = {task.task_id: set() for task in graph.tasks}
-    for task_id, found in ancestors.items():
-        for ancestor in found:
-            descendants[ancestor].add(task_id)
-    spanning: dict[str, set[int]] = {}
-    for task in graph.tasks:
-        tid = task.task_id
-        spanning[tid] = {
-            index for index, lock in enumerate(graph.locks)
-            if lock.memory_bytes and (lock.from_task == tid or lock.from_task in ancestors[tid])
-            and any(u == tid or u in descendants[tid] for u in lock.until_tasks)}
+    ancestors = ancestor_sets(graph)
+    spanning = spanning_locks(graph, ancestors)
     lock_memory = [lock.memory_bytes for lock in graph.locks]
     need = {tid: graph.by_id[tid].memory_bytes + sum(lock_memory[i] for i in locks)
             for tid, locks in spanning.items()}
@@ -311,7 +319,7 @@ def _build(instance: Instance, options: SolveOptions,
     total_work = sum(duration.values())
     horizon = max((task.release_us for task in tasks), default=0) + total_work
     head, tail = _heads_and_tails(graph)
-    ancestors = _ancestors_closure(graph)
+    ancestors = ancestor_sets(graph)
 
     model = cp_model.CpModel()
     model.name = instance.name or "masa"
@@ -339,7 +347,7 @@ def _build(instance: Instance, options: SolveOptions,
         # The lock is empty if every `until` task could end before `from`
         # starts; otherwise (the usual case) its end is the latest until end.
         if not all(lock.from_task in ancestors[u] for u in lock.until_tasks):
-            ends.append(start)
+            ends.append(start + duration[lock.from_task])
         if len(ends) == 1:
             end = ends[0]
             size = model.new_int_var(0, horizon, f"lock_size_{lock.lock_id}")

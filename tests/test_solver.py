@@ -1,0 +1,473 @@
+"""Tests of the CP-SAT solver, the instance format and `masa-optimal`.
+
+Tiny instances carry their optimum worked out by hand in the docstring; random
+instances check the solver against the `masa` heuristic in the simulator and
+every schedule against masa.checker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from masa.checker import check_schedule
+from masa.errors import UserError
+from masa.simulator import simulate_graph
+from masa.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
+from solver.cli import main
+from solver.instance import (
+    Instance,
+    RandomSpec,
+    check_feasible,
+    infeasibility_reasons,
+    instance_from_dict,
+    instance_to_dict,
+    load_instance,
+    minimum_memory,
+    parse_random_spec,
+    random_instance,
+    write_instance,
+)
+from solver.model import (
+    SolveOptions,
+    SolveResult,
+    assign_workers,
+    conflict_cliques,
+    identical_groups,
+    response_sum,
+    schedule_makespan,
+    serial_schedule,
+    solve_instance,
+)
+
+# One search worker and a fixed seed: reproducible, and light on a shared machine.
+FAST = SolveOptions(time_limit_s=20.0, search_workers=1, seed=3)
+
+
+def _task(task_id: str, duration: int, memory: int = 0, kind: TaskKind = TaskKind.EXEC,
+          release: int = 0, job: int = 0, group: str = "") -> Task:
+    return Task(task_id, kind, duration, memory, release_us=release, job_id=job, group=group)
+
+
+def _instance(tasks: list[Task], *, workers: int, memory: int,
+              precedence: tuple[tuple[str, str], ...] = (),
+              locks: tuple[Lock, ...] = ()) -> Instance:
+    graph = TaskGraph(tasks=tuple(tasks), precedence=precedence, locks=locks)
+    return Instance(graph=graph, workers=workers, memory=memory, time_unit="unit",
+                    memory_unit="unit", name="test")
+
+
+def _checked(instance: Instance, result: SolveResult) -> SolveResult:
+    problems = check_schedule(instance.graph, result.schedule, workers=instance.workers,
+                              memory_budget_bytes=instance.memory, check_durations=True)
+    assert problems == []
+    return result
+
+
+def _solve(instance: Instance, options: SolveOptions = FAST) -> SolveResult:
+    return _checked(instance, solve_instance(instance, options))
+
+
+# ---------------------------------------------------------------- hand-worked optima
+
+def test_independent_tasks_share_the_workers() -> None:
+    """A(3), B(4), C(5), no memory pressure.
+
+    1 worker: everything in sequence, 3 + 4 + 5 = 12.
+    2 workers: C alone on one worker, A then B on the other: max(5, 7) = 7, and
+    no split of {3, 4, 5} into two sets does better (best pair sums 7 vs 5).
+    """
+    tasks = [_task("A", 3), _task("B", 4), _task("C", 5)]
+    assert _solve(_instance(tasks, workers=1, memory=10)).makespan_us == 12
+    two = _solve(_instance(tasks, workers=2, memory=10))
+    assert (two.status, two.makespan_us, two.bound) == ("OPTIMAL", 7, 7)
+    assert {item.worker for item in two.schedule} == {0, 1}
+
+
+def test_direct_memory_serialises_tasks() -> None:
+    """A(3, mem 6) and B(4, mem 6) with budget 10 cannot overlap (12 > 10): 3 + 4 = 7.
+
+    With budget 12 they run side by side: max(3, 4) = 4.
+    """
+    tasks = [_task("A", 3, 6), _task("B", 4, 6)]
+    assert _solve(_instance(tasks, workers=2, memory=10)).makespan_us == 7
+    assert _solve(_instance(tasks, workers=2, memory=12)).makespan_us == 4
+
+
+def test_lock_holds_memory_from_load_start_to_exec_end() -> None:
+    """L(2) -> E(3, mem 2); L locks 5 until E ends; X(4, mem 4); budget 8; 2 workers.
+
+    The lock spans [start L, end E), at least 5 long. X (4) with the lock (5)
+    needs 9 > 8, so X runs entirely before L or after E: 5 + 4 = 9. Without the
+    lock's memory, X runs beside the chain: max(2 + 3, 4) = 5.
+    """
+    tasks = [_task("L", 2, 0, TaskKind.LOAD), _task("E", 3, 2), _task("X", 4, 4)]
+    lock = Lock("w", "L", ("E",), 5)
+    instance = _instance(tasks, workers=2, memory=8, precedence=(("L", "E"),), locks=(lock,))
+    result = _solve(instance)
+    assert (result.status, result.makespan_us) == ("OPTIMAL", 9)
+    free = _instance(tasks, workers=2, memory=8, precedence=(("L", "E"),),
+                     locks=(replace(lock, memory_bytes=0),))
+    assert _solve(free).makespan_us == 5
+
+
+def test_lock_until_several_tasks_ends_with_the_last() -> None:
+    """A(1) opens a lock of 6 until both B(2) and C(5) end (A -> B, A -> C); D(3, mem 5).
+
+    Budget 10, 2 workers. The lock lasts from A's start to C's end (>= 6 long);
+    D (5) cannot run beside it (11 > 10), so D goes before A or after C:
+    1 + 5 + 3 = 9 (B runs beside C). Were the lock until B alone, D could start
+    after B ends (at 3) beside C: max(1 + 5, 1 + 2 + 3) = 6.
+    """
+    tasks = [_task("A", 1), _task("B", 2), _task("C", 5), _task("D", 3, 5)]
+    precedence = (("A", "B"), ("A", "C"))
+    both = _instance(tasks, workers=2, memory=10, precedence=precedence,
+                     locks=(Lock("l", "A", ("B", "C"), 6),))
+    assert _solve(both).makespan_us == 9
+    only_b = _instance(tasks, workers=2, memory=10, precedence=precedence,
+                       locks=(Lock("l", "A", ("B",), 6),))
+    assert _solve(only_b).makespan_us == 6
+
+
+def test_release_and_precedence() -> None:
+    """A(2) -> B(3); C(4) released at 10. 2 workers: A, B done by 5; C runs 10..14."""
+    tasks = [_task("A", 2), _task("B", 3), _task("C", 4, release=10)]
+    instance = _instance(tasks, workers=2, memory=1, precedence=(("A", "B"),))
+    result = solve_instance(instance, replace(FAST, decompose=False))
+    assert result.makespan_us == 14
+    starts = {item.task_id: item.start_us for item in _checked(instance, result).schedule}
+    assert starts["B"] >= 2 and starts["C"] >= 10
+
+
+def test_response_objective_runs_shortest_job_first() -> None:
+    """Jobs 0 (one task of 5) and 1 (one task of 2), both released at 0, 1 worker.
+
+    Makespan is 7 either way; the sum of response times is 2 + 7 = 9 when the
+    short job goes first (5 + 7 = 12 otherwise).
+    """
+    tasks = [_task("long", 5, job=0), _task("short", 2, job=1)]
+    instance = _instance(tasks, workers=1, memory=1)
+    result = _solve(instance, replace(FAST, objective="response"))
+    assert (result.status, result.objective_value, result.makespan_us) == ("OPTIMAL", 9, 7)
+    assert response_sum(instance.graph, result.schedule) == 9
+    assert result.schedule[0].task_id == "short"
+
+
+def test_crossing_locks_are_proven_infeasible_as_data() -> None:
+    """Lock 1 from A until B, lock 2 from C until D, with A -> D and C -> B; budget 10.
+
+    Each task alone needs 6 <= 10, so no structural reason is found. But
+    whichever of A and C starts first, its lock is still held when the other
+    starts (its closer must wait for the other), so 6 + 6 = 12 > 10 at that
+    instant: no schedule exists. The solver says INFEASIBLE, without raising.
+    """
+    tasks = [_task(name, 1) for name in "ABCD"]
+    instance = _instance(tasks, workers=2, memory=10, precedence=(("A", "D"), ("C", "B")),
+                         locks=(Lock("l1", "A", ("B",), 6), Lock("l2", "C", ("D",), 6)))
+    assert infeasibility_reasons(instance) == []
+    for formulation in ("cumulative", "paper"):
+        result = solve_instance(instance, replace(FAST, formulation=formulation))
+        assert (result.status, result.schedule, result.gap) == ("INFEASIBLE", (), None)
+
+
+# ---------------------------------------------------------------- structural infeasibility
+
+def test_structural_infeasibility_names_the_task_or_lock() -> None:
+    tasks = [_task("L", 1, 0, TaskKind.LOAD), _task("E", 1, 3), _task("big", 1, 50)]
+    instance = _instance(tasks, workers=1, memory=20, precedence=(("L", "E"),),
+                         locks=(Lock("weights", "L", ("E",), 25),))
+    reasons = infeasibility_reasons(instance)
+    assert any("lock 'weights'" in reason for reason in reasons)
+    assert any("task 'big'" in reason for reason in reasons)
+    # E needs its own 3 plus the 25 locked across it.
+    assert any("task 'E' needs 28" in reason for reason in reasons)
+    with pytest.raises(UserError, match="infeasible"):
+        check_feasible(instance)
+
+
+def test_cyclic_precedence_is_rejected_with_the_cycle() -> None:
+    raw = {"workers": 1, "memory": 10,
+           "tasks": [{"id": i, "kind": "exec", "duration": 1, "memory": 0} for i in "abc"],
+           "precedence": [["a", "b"], ["b", "c"], ["c", "a"]]}
+    with pytest.raises(UserError, match=r"at 'precedence': cyclic precedence: .*a"):
+        instance_from_dict(raw, "cyc.json")
+
+
+# ---------------------------------------------------------------- instance format
+
+def test_instance_validation_reports_every_problem_with_its_path() -> None:
+    raw = {"workers": 0, "memory": "lots",
+           "tasks": [{"id": "a", "kind": "run", "duration": -1, "memory": 0},
+                     {"id": "a", "kind": "exec", "duration": 1},
+                     "oops"],
+           "precedence": [["a", "zz"], ["a"]],
+           "locks": [{"from": "a", "until": ["a", "nope"], "memory": 1}],
+           "colour": 1}
+    with pytest.raises(UserError) as caught:
+        instance_from_dict(raw, "bad.json")
+    message = str(caught.value)
+    for expected in ("bad.json: at 'workers': expected an integer >= 1",
+                     "at 'memory': expected an integer, got 'lots'",
+                     "at 'tasks[0].kind': expected one of load, exec, unload",
+                     "at 'tasks[0].duration': expected an integer >= 0",
+                     "at 'tasks[1].id': duplicate task id 'a'",
+                     "at 'tasks[1].memory': missing field",
+                     "at 'tasks[2]': expected an object",
+                     "at 'precedence[0][1]': unknown task 'zz'",
+                     "at 'precedence[1]': expected a pair",
+                     "at 'locks[0].until[1]': unknown task 'nope'",
+                     "at 'colour': unknown field"):
+        assert expected in message, expected
+    assert "\n" not in message
+
+
+def test_issue_example_round_trips_and_until_accepts_a_list(tmp_path: Path) -> None:
+    raw = {"workers": 2, "memory": 100,
+           "tasks": [{"id": "A.s1.load", "kind": "load", "duration": 4, "memory": 0},
+                     {"id": "A.s1.exec", "kind": "exec", "duration": 2, "memory": 5,
+                      "release": 0}],
+           "precedence": [["A.s1.load", "A.s1.exec"]],
+           "locks": [{"from": "A.s1.load", "until": "A.s1.exec", "memory": 30}]}
+    instance = instance_from_dict(raw)
+    assert instance.graph.locks[0].until_tasks == ("A.s1.exec",)
+    assert instance.graph.task("A.s1.load").kind is TaskKind.LOAD
+    listed = instance_from_dict({**raw, "locks": [{"from": "A.s1.load",
+                                                   "until": ["A.s1.exec"], "memory": 30}]})
+    assert listed.graph == instance.graph
+    path = tmp_path / "issue.json"
+    write_instance(instance, path)
+    again = load_instance(path)
+    assert again.graph == instance.graph and again.workers == 2 and again.memory == 100
+    assert _solve(again).makespan_us == 6
+    generated = random_instance(RandomSpec(networks=2, layers=3, unload=True, release_gap=5))
+    assert instance_from_dict(instance_to_dict(generated)).graph == generated.graph
+
+
+def test_load_instance_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="missing.json: cannot read instance"):
+        load_instance(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"workers": 1,\n "memory": }')
+    with pytest.raises(UserError, match=r"broken.json: line 2 column \d+: invalid JSON"):
+        load_instance(broken)
+
+
+def test_random_generator_is_seeded_and_respects_its_knobs() -> None:
+    spec = RandomSpec(networks=3, layers=4, seed=7, tightness=1.2, unload=True)
+    first, second = random_instance(spec), random_instance(spec)
+    assert first.graph == second.graph and first.memory == second.memory
+    assert first.num_tasks == 3 * 4 * 3
+    assert random_instance(replace(spec, seed=8)).graph != first.graph
+    assert first.memory == -(-12 * minimum_memory(first.graph) // 10)
+    assert infeasibility_reasons(first) == []
+    slow_loads = random_instance(replace(spec, load_ratio=5.0))
+    kinds = {TaskKind.LOAD: 0, TaskKind.EXEC: 0}
+    for task in slow_loads.graph.tasks:
+        if task.kind in kinds:
+            kinds[task.kind] += task.duration_us
+    assert kinds[TaskKind.LOAD] > 2 * kinds[TaskKind.EXEC]
+    assert parse_random_spec("networks=2, layers=5,seed=3,unload=1,tightness=1.3") == \
+        RandomSpec(networks=2, layers=5, seed=3, unload=True, tightness=1.3)
+    for bad in ("networks", "size=3", "layers=two", "tightness=0.5"):
+        with pytest.raises(UserError, match="--random"):
+            parse_random_spec(bad)
+
+
+# ---------------------------------------------------------------- solver properties
+
+def test_both_formulations_agree_on_small_instances() -> None:
+    for seed in range(4):
+        instance = random_instance(RandomSpec(networks=2, layers=3, seed=seed,
+                                              tightness=1.3, workers=2 + seed % 2,
+                                              unload=seed % 2 == 1))
+        cumulative = _solve(instance)
+        paper = _solve(instance, replace(FAST, formulation="paper"))
+        plain = _solve(instance, replace(FAST, symmetry_breaking=False, redundant=False))
+        assert cumulative.status == paper.status == plain.status == "OPTIMAL"
+        assert cumulative.makespan_us == paper.makespan_us == plain.makespan_us, seed
+
+
+def test_heuristic_is_never_better_than_the_optimum() -> None:
+    """The masa policy in the simulator vs CP-SAT on 12 seeded instances.
+
+    Both schedules pass the checker (the heuristic's allowing only its recorded
+    progress-rule over-commits). A heuristic schedule within the budget is
+    never shorter than the optimum, and it is the solver's hint and upper bound.
+    """
+    within_budget = 0
+    for seed in range(12):
+        instance = random_instance(RandomSpec(
+            networks=2 + seed % 2, layers=3, seed=100 + seed, tightness=(1.1, 1.5, 3.0)[seed % 3],
+            load_ratio=(1.0, 4.0)[seed % 2], workers=1 + seed % 3))
+        heuristic = simulate_graph(instance.graph, policy="masa", workers=instance.workers,
+                                   memory_budget_bytes=instance.memory)
+        over_commits = [item.task_id for item in heuristic.over_commits]
+        assert check_schedule(instance.graph, heuristic.schedule, workers=instance.workers,
+                              memory_budget_bytes=instance.memory,
+                              allowed_over_commits=over_commits) == []
+        hint = None if over_commits else heuristic.schedule
+        result = _checked(instance, solve_instance(instance, FAST, hint=hint))
+        assert result.status == "OPTIMAL", seed
+        assert result.hint_used == (hint is not None)
+        if not over_commits:
+            within_budget += 1
+            assert heuristic.makespan_us >= result.makespan_us, seed
+    assert within_budget >= 8
+
+
+def test_deterministic_with_one_search_worker_and_a_seed() -> None:
+    instance = random_instance(RandomSpec(networks=3, layers=3, seed=5, tightness=1.2))
+    first = solve_instance(instance, FAST)
+    second = solve_instance(instance, FAST)
+    assert first.status == "OPTIMAL"
+    assert first.schedule == second.schedule
+
+
+def test_identical_networks_are_detected_and_symmetry_keeps_the_optimum() -> None:
+    instance = random_instance(RandomSpec(networks=3, layers=3, seed=2, identical=True,
+                                          tightness=1.2))
+    classes = identical_groups(instance.graph)
+    assert len(classes) == 1 and len(classes[0]) == 3
+    different = random_instance(RandomSpec(networks=3, layers=3, seed=2, tightness=1.2))
+    assert identical_groups(different.graph) == []
+    broken = _solve(instance, replace(FAST, symmetry_breaking=False))
+    assert _solve(instance).makespan_us == broken.makespan_us
+
+
+def test_conflict_cliques_only_group_tasks_that_cannot_overlap() -> None:
+    """Four loads of weights 6 (direct 6, lock 6: each needs 12) under budget 20.
+
+    Any two of them would hold 24 > 20, so all four form one clique; a small
+    exec with no lock can run beside any of them and joins no clique.
+    """
+    tasks = [_task(f"L{i}", 2, 6, TaskKind.LOAD) for i in range(4)]
+    tasks += [_task(f"E{i}", 1, 1) for i in range(4)]
+    instance = _instance(tasks, workers=2, memory=20,
+                         precedence=tuple((f"L{i}", f"E{i}") for i in range(4)),
+                         locks=tuple(Lock(f"w{i}", f"L{i}", (f"E{i}",), 6) for i in range(4)))
+    cliques = conflict_cliques(instance.graph, instance.memory)
+    assert cliques and set(cliques[0]) >= {"L0", "L1", "L2", "L3"}
+    result = _solve(instance)
+    assert result.makespan_us == 4 * 2 + 1  # loads one at a time, the last exec after
+
+
+def test_decomposition_by_release_time_is_exact() -> None:
+    """Two networks released 1000 apart: the first is long done when the second arrives."""
+    instance = random_instance(RandomSpec(networks=2, layers=3, seed=4, tightness=1.2,
+                                          release_gap=1000))
+    split = _solve(instance)
+    whole = _solve(instance, replace(FAST, decompose=False))
+    assert split.segments == 2 and whole.segments == 1
+    assert split.status == whole.status == "OPTIMAL"
+    assert split.makespan_us == whole.makespan_us
+    for objective in ("response",):
+        options = replace(FAST, objective=objective)
+        assert _solve(instance, options).objective_value == \
+            _solve(instance, replace(options, decompose=False)).objective_value
+    # Released only 1 apart, the first segment overlaps the second: merged.
+    close = random_instance(RandomSpec(networks=2, layers=3, seed=4, tightness=1.2,
+                                       release_gap=1))
+    assert _solve(close).segments == 1
+
+
+def test_unproven_result_reports_bound_and_gap() -> None:
+    instance = random_instance(RandomSpec(networks=4, layers=6, seed=1, tightness=1.2))
+    result = solve_instance(instance, replace(FAST, time_limit_s=0.5))
+    assert result.status in ("FEASIBLE", "UNKNOWN", "OPTIMAL")
+    if result.status == "FEASIBLE":
+        assert result.bound is not None and result.bound <= result.objective_value
+        assert result.gap is not None and 0.0 <= result.gap < 1.0
+        _checked(instance, result)
+
+
+def test_serial_schedule_is_a_valid_fallback_hint() -> None:
+    instance = random_instance(RandomSpec(networks=3, layers=4, seed=6, tightness=1.2))
+    serial = serial_schedule(instance.graph)
+    assert check_schedule(instance.graph, serial, workers=1,
+                          memory_budget_bytes=instance.memory, check_durations=True) == []
+    assert schedule_makespan(serial) == sum(t.duration_us for t in instance.graph.tasks)
+    result = _checked(instance, solve_instance(instance, replace(FAST, time_limit_s=1.0),
+                                               hint=serial))
+    assert result.hint_used and result.makespan_us is not None
+    assert result.makespan_us <= schedule_makespan(serial)
+
+
+def test_assign_workers_colours_intervals() -> None:
+    intervals = [("a", 0, 4), ("b", 0, 2), ("c", 2, 5), ("d", 4, 6), ("z", 6, 6)]
+    workers = assign_workers(intervals, 2)
+    schedule = [ScheduledTask(t, workers[t], s, e) for t, s, e in intervals]
+    graph = TaskGraph(tasks=tuple(_task(t, e - s) for t, s, e in intervals))
+    assert check_schedule(graph, schedule, workers=2, memory_budget_bytes=0) == []
+
+
+# ---------------------------------------------------------------- the command
+
+def test_masa_optimal_json_on_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    instance = random_instance(RandomSpec(networks=2, layers=3, seed=9, tightness=1.3,
+                                          unload=True))
+    path = tmp_path / "inst.json"
+    write_instance(instance, path)
+    gantt = tmp_path / "gantt.png"
+    code = main([str(path), "--json", "--search-workers", "1", "--time-limit", "20",
+                 "--gantt", str(gantt)])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "OPTIMAL" and out["optimal_makespan"] == out["best_makespan"]
+    assert out["heuristic_makespan"] >= out["optimal_makespan"]
+    assert out["ratio"] == pytest.approx(out["heuristic_makespan"] / out["optimal_makespan"])
+    assert out["solver_check"] == [] and out["checker_available"]
+    assert len(out["schedule"]) == instance.num_tasks
+    assert {"id", "worker", "start", "end"} <= set(out["schedule"][0])
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_masa_optimal_random_text_and_overrides(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    written = tmp_path / "random.json"
+    code = main(["--random", "networks=2,layers=2,seed=1", "--workers", "1", "--memory", "500",
+                 "--search-workers", "1", "--write-instance", str(written)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "status: OPTIMAL" in text and "optimal_makespan:" in text and "ratio:" in text
+    saved = load_instance(written)
+    assert (saved.workers, saved.memory) == (1, 500)
+    # One worker: the optimum is the total work.
+    total = sum(task.duration_us for task in saved.graph.tasks)
+    assert f"optimal_makespan: {total} unit" in text
+
+
+def test_masa_optimal_user_errors_exit_2(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"workers": 1, "memory": 10, "tasks": [
+        {"id": "a", "kind": "exec", "duration": 1, "memory": 50}]}))
+    assert main([str(bad)]) == 2
+    error = capsys.readouterr().err
+    assert "infeasible" in error and "task 'a'" in error and error.count("\n") == 1
+    assert main([str(tmp_path / "nope.json")]) == 2
+    assert "cannot read instance" in capsys.readouterr().err
+    assert main(["--random", "layers=x"]) == 2
+    assert main([]) == 2
+    assert "missing INSTANCE" in capsys.readouterr().err
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [a]\n")
+    assert main([str(workload)]) == 2
+    assert "--store" in capsys.readouterr().err
+
+
+def test_masa_optimal_reports_solver_infeasibility_with_exit_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = {"workers": 2, "memory": 10,
+           "tasks": [{"id": i, "kind": "exec", "duration": 1, "memory": 0} for i in "ABCD"],
+           "precedence": [["A", "D"], ["C", "B"]],
+           "locks": [{"from": "A", "until": "B", "memory": 6},
+                     {"from": "C", "until": "D", "memory": 6}]}
+    path = tmp_path / "crossing.json"
+    path.write_text(json.dumps(raw))
+    assert main([str(path), "--json", "--search-workers", "1"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "INFEASIBLE" and out["best_makespan"] is None
