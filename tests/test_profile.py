@@ -55,7 +55,7 @@ def _spec(name: str, shape: tuple[int | str, ...]) -> TensorSpec:
 def build_network(directory: Path) -> NetworkManifest:
     """conv (4.5 MiB) -> fc (8 MiB) -> two-output fc (2 MiB), batch dim dynamic."""
     rng = np.random.default_rng(7)
-    x = _spec("x", ("N", 256, 14, 14))
+    x = _spec("x", ("N", 256, 28, 28))
     pooled = _spec("pooled", ("N", 512))
     hidden = _spec("hidden", ("N", 4096))
     logits, probs = _spec("logits", ("N", 128)), _spec("probs", ("N", 128))
@@ -154,10 +154,12 @@ def test_load_peak_covers_resident_which_covers_weights(network, profiled) -> No
 
 def test_exec_peak_covers_the_stage_outputs(network, profiled) -> None:
     profiles, _ = profiled
-    # One run allocates at least its outputs (batch 1: dynamic dims -> 1); the
-    # conv stage also holds a 512x14x14 activation before pooling.
+    # The conv stage's run holds a 512x28x28 float activation (1.5 MiB, batch
+    # 1: dynamic dims -> 1) before pooling. The kernel's RSS counters are
+    # batched per CPU (up to 128 KiB each), hence the margin.
+    activation_bytes = 512 * 28 * 28 * 4
     conv = profiles["s0_conv"]
-    assert conv.exec_peak_bytes >= 512 * 14 * 14 * 4
+    assert conv.exec_peak_bytes >= activation_bytes - 512 * 1024
 
 
 def test_process_isolation_gives_the_same_memory_figures(network, profiled) -> None:
