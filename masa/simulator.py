@@ -186,13 +186,17 @@ def simulate_graph(
     workers: int,
     memory_budget_bytes: int,
     on_group_end: GroupEndHook | None = None,
+    gated_groups: Iterable[str] = (),
     failing_task_ids: Iterable[str] = (),
 ) -> SimulationResult:
     """Run `graph` under `policy` on `workers` virtual workers; deterministic.
 
+    gated_groups: groups whose tasks wait until a hook opens them (CA-wait).
     failing_task_ids: tasks that fail when they end (fault injection for tests).
     """
     state = new_state(workers, memory_budget_bytes, policy)
+    for group in gated_groups:
+        gate_group(state, group)
     simulation = _Simulation(graph, state, on_group_end, frozenset(failing_task_ids))
     simulation.run()
     ran_ends = [entry.end_us for entry in simulation.schedule if entry.worker >= 0]
