@@ -236,7 +236,6 @@ def manifest_from_dict(
         stage = _stage_from_dict(errors, entry, f"stages[{index}]", seen_ids, directory,
                                  check_files)
         if stage is not None:
-            seen_ids.add(stage.stage_id)
             stages.append(stage)
     if not stages and not errors.problems:
         errors.add("stages", "expected at least one stage")
@@ -283,6 +282,10 @@ def _stage_from_dict(
     )
     if stage_id in seen_ids:
         errors.add(f"{path}.id", f"duplicate stage id {stage_id!r}")
+    elif stage_id is not None:
+        # Known even if this stage has other problems, so later stages that
+        # read it are not also reported (one problem, one message).
+        seen_ids.add(stage_id)
     if check_files and file_name is not None and sha256 is not None:
         stage_file = directory / file_name
         if not stage_file.is_file():
