@@ -7,6 +7,8 @@ turn is shown to catch each kind of violation on schedules broken on purpose.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from sched_graphs import chain_network, merge, random_workload
 
 from masa.checker import check_schedule, memory_profile, peak_memory_bytes
 from masa.core import GroupStatus
+from masa.report import build_report, chrome_trace, format_table, write_json
 from masa.simulator import SimulationControl, simulate_graph
 from masa.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
 
@@ -236,3 +239,56 @@ def test_checker_catches_bookkeeping_errors() -> None:
     assert "before it starts" in _problems(graph, reversed_entry)
     longer = _shift(schedule, entry.task_id, end_us=entry.end_us + 1)
     assert "expected" in _problems(graph, longer, check_durations=True)
+
+
+# --- reports and traces built from simulated runs -----------------------------------
+
+def test_report_statuses_responses_and_trace(tmp_path: Path) -> None:
+    """Four networks in two jobs: done, aborted (running when cancelled), skipped, failed."""
+    graph = merge([
+        chain_network(0, 0, [10], load_us=100, exec_us=10),
+        chain_network(0, 1, [20, 20], load_us=50, exec_us=50),
+        chain_network(0, 2, [5], load_us=10, exec_us=10),
+        chain_network(1, 0, [10, 10], load_us=20, exec_us=20, release_us=30),
+    ])
+
+    def hook(control: SimulationControl, group: str, status: GroupStatus) -> None:
+        if group == "j0/n0":
+            control.cancel("j0/n1", "not needed")
+            control.cancel("j0/n2", "condition false")
+
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=1000, on_group_end=hook,
+                            gated_groups=["j0/n2"], failing_task_ids=["j1/n0/s1/exec"])
+    report = build_report(graph, result.schedule, workers=2, memory_budget_bytes=1000,
+                          policy="masa", over_commits=result.over_commits,
+                          measured_memory=[(0, 100), (50, 300)],
+                          network_reason=result.group_reason)
+    statuses = {n["group"]: n["status"] for job in report["jobs"] for n in job["networks"]}
+    assert statuses == {"j0/n0": "done", "j0/n1": "aborted", "j0/n2": "skipped",
+                        "j1/n0": "failed"}
+    job0, job1 = report["jobs"]
+    assert (job0["arrival_us"], job0["finish_us"], job0["response_us"]) == (0, 110, 110)
+    assert job0["status"] == "done" and job1["status"] == "failed"
+    aborted = next(n for n in job0["networks"] if n["group"] == "j0/n1")
+    assert aborted["wasted_us"] == aborted["load_us"] + aborted["exec_us"] > 0
+    assert aborted["loaded_bytes"] >= 20 and aborted["reason"] == "not needed"
+    summary = report["summary"]
+    assert summary["response_us"]["mean"] == 110.0  # only job 0 completed
+    assert summary["jobs_failed"] == 1
+    assert summary["peak_reserved_bytes"] == result.peak_reserved_bytes
+    assert summary["peak_measured_bytes"] == 300
+    busy_us = sum(e.end_us - e.start_us for e in result.schedule if e.worker >= 0)
+    assert summary["worker_utilisation"] == round(busy_us / (2 * summary["makespan_us"]), 4)
+    assert report["networks"]["n0"]["count"] == 2
+
+    trace = chrome_trace(graph, result.schedule, workers=2, memory_budget_bytes=1000,
+                         measured_memory=[(0, 100)])
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == sum(1 for e in result.schedule if e.worker >= 0)
+    assert {e["tid"] for e in slices} <= {0, 1}
+    assert any(e["ph"] == "C" and e["name"] == "memory (MiB)" for e in trace["traceEvents"])
+    path = tmp_path / "trace.json"
+    write_json(path, trace)
+    assert json.loads(path.read_text())["traceEvents"][0]["ph"] == "M"
+    table = format_table(report)
+    assert "n1" in table and "all jobs" in table and "over-commits 0" in table

@@ -1,0 +1,303 @@
+"""Run reports: the report dict (report.json), the Chrome trace, and the text table.
+
+This module owns the output formats shared by the real executor and the
+simulator (schema in docs/report-format.md). Everything is computed from the
+task graph and the schedule (`ScheduledTask` records), plus what only an
+executor knows: job arrival times, network statuses decided by context-aware
+execution, measured-memory samples and recorded over-commits. Building is
+pure; `write_json` writes atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from masa.atomic import atomic_write_text
+from masa.checker import memory_profile
+from masa.core import OverCommit
+from masa.taskgraph import ScheduledTask, TaskGraph, TaskKind
+from masa.units import format_bytes
+
+REPORT_FORMAT = 1
+NETWORK_STATUSES = ("done", "failed", "skipped", "aborted")
+
+
+def _stats_us(values: Sequence[int]) -> dict[str, float | None]:
+    """mean / p50 / p95 / max of durations in microseconds (None when empty)."""
+    if not values:
+        return {"mean": None, "p50": None, "p95": None, "max": None}
+    array = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": round(float(array.mean()), 1),
+        "p50": round(float(np.percentile(array, 50)), 1),
+        "p95": round(float(np.percentile(array, 95)), 1),
+        "max": round(float(array.max()), 1),
+    }
+
+
+def _network_status(entries: list[ScheduledTask], task_count: int) -> str:
+    """done / failed / skipped / aborted, from how the group's tasks ended."""
+    if any(entry.status == "failed" for entry in entries):
+        return "failed"
+    ran = [entry for entry in entries if entry.worker >= 0]
+    complete = len(entries) == task_count and all(e.status == "done" for e in entries)
+    if complete:
+        return "done"
+    return "aborted" if ran else "skipped"
+
+
+def build_report(
+    graph: TaskGraph,
+    schedule: Sequence[ScheduledTask],
+    *,
+    workers: int,
+    memory_budget_bytes: int,
+    policy: str = "",
+    job_arrivals_us: Mapping[int, int] | None = None,
+    network_status: Mapping[str, str] | None = None,
+    network_reason: Mapping[str, str] | None = None,
+    measured_memory: Sequence[tuple[int, int]] = (),
+    reserved_timeline: Sequence[tuple[int, int]] | None = None,
+    over_commits: Iterable[OverCommit] = (),
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report dict of one run (see docs/report-format.md).
+
+    job_arrivals_us: job id -> arrival; default: the earliest release of its tasks.
+    network_status: group -> done/failed/skipped/aborted, overriding the status
+      derived from the schedule (context-aware execution knows skipped vs aborted).
+    measured_memory: (time_us, bytes) samples of measured memory (RSS, cgroup).
+    reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
+      from the schedule with masa.checker.memory_profile.
+    """
+    entries_by_group: dict[str, list[ScheduledTask]] = {}
+    for entry in schedule:
+        task = graph.by_id.get(entry.task_id)
+        if task is not None:
+            entries_by_group.setdefault(task.group, []).append(entry)
+    tasks_by_group: dict[str, list[str]] = {}
+    job_of_group: dict[str, int] = {}
+    network_of_group: dict[str, str] = {}
+    releases: dict[int, int] = {}
+    for task in graph.tasks:
+        tasks_by_group.setdefault(task.group, []).append(task.task_id)
+        job_of_group[task.group] = task.job_id
+        network_of_group[task.group] = task.network or task.group
+        releases[task.job_id] = min(releases.get(task.job_id, task.release_us), task.release_us)
+    arrivals = dict(releases)
+    if job_arrivals_us:
+        arrivals.update(job_arrivals_us)
+    loaded_bytes_of: dict[str, int] = {}
+    for lock in graph.locks:
+        if graph.by_id[lock.from_task].kind is TaskKind.LOAD:
+            loaded_bytes_of[lock.from_task] = loaded_bytes_of.get(lock.from_task, 0) + \
+                lock.memory_bytes
+
+    jobs: dict[int, dict[str, Any]] = {}
+    for job_id in sorted(arrivals):
+        jobs[job_id] = {"job_id": job_id, "arrival_us": arrivals[job_id], "finish_us": None,
+                        "response_us": None, "status": "done", "networks": []}
+    for group in sorted(tasks_by_group, key=lambda g: (job_of_group[g], g)):
+        entries = entries_by_group.get(group, [])
+        job = jobs[job_of_group[group]]
+        status = _network_status(entries, len(tasks_by_group[group]))
+        if network_status and group in network_status:
+            status = network_status[group]
+        ran = [e for e in entries if e.worker >= 0]
+        load_us = sum(e.end_us - e.start_us for e in ran
+                      if graph.by_id[e.task_id].kind is TaskKind.LOAD)
+        exec_us = sum(e.end_us - e.start_us for e in ran
+                      if graph.by_id[e.task_id].kind is not TaskKind.LOAD)
+        finish_us = max((e.end_us for e in entries), default=None)
+        record: dict[str, Any] = {
+            "network": network_of_group[group],
+            "group": group,
+            "status": status,
+            "start_us": min((e.start_us for e in ran), default=None),
+            "finish_us": finish_us,
+            "response_us": None if finish_us is None else finish_us - job["arrival_us"],
+            "load_us": load_us,
+            "exec_us": exec_us,
+            "loaded_bytes": sum(loaded_bytes_of.get(e.task_id, 0) for e in ran),
+            "wasted_us": load_us + exec_us if status == "aborted" else 0,
+        }
+        if network_reason and group in network_reason:
+            record["reason"] = network_reason[group]
+        job["networks"].append(record)
+        if finish_us is not None:
+            job["finish_us"] = max(job["finish_us"] or finish_us, finish_us)
+        if status == "failed":
+            job["status"] = "failed"
+    for job in jobs.values():
+        if job["finish_us"] is not None:
+            job["response_us"] = job["finish_us"] - job["arrival_us"]
+
+    ran_all = [e for e in schedule if e.worker >= 0 and e.task_id in graph.by_id]
+    first_arrival_us = min(arrivals.values(), default=0)
+    last_end_us = max((e.end_us for e in ran_all), default=first_arrival_us)
+    span_us = max(0, last_end_us - first_arrival_us)
+    busy_us = sum(e.end_us - e.start_us for e in ran_all)
+    timeline = list(reserved_timeline) if reserved_timeline is not None else \
+        memory_profile(graph, schedule)
+    peak_reserved_bytes = max((b for _, b in timeline), default=0)
+    peak_measured_bytes = max((b for _, b in measured_memory), default=None)
+
+    per_network: dict[str, dict[str, Any]] = {}
+    for job in jobs.values():
+        for network in job["networks"]:
+            summary = per_network.setdefault(
+                network["network"], {"count": 0, **dict.fromkeys(NETWORK_STATUSES, 0),
+                                     "_responses": [], "wasted_us": 0})
+            summary["count"] += 1
+            summary[network["status"]] = summary.get(network["status"], 0) + 1
+            summary["wasted_us"] += network["wasted_us"]
+            if network["status"] == "done" and network["response_us"] is not None:
+                summary["_responses"].append(network["response_us"])
+    for summary in per_network.values():
+        summary["response_us"] = _stats_us(summary.pop("_responses"))
+
+    job_responses = [j["response_us"] for j in jobs.values()
+                     if j["status"] != "failed" and j["response_us"] is not None]
+    over_commit_list = [
+        {"task_id": o.task_id, "time_us": o.time_us, "footprint_bytes": o.footprint_bytes,
+         "reserved_bytes": o.reserved_bytes, "reason": o.reason}
+        for o in over_commits
+    ]
+    return {
+        "format": REPORT_FORMAT,
+        "policy": policy,
+        "workers": workers,
+        "memory_budget_bytes": memory_budget_bytes,
+        "meta": dict(meta or {}),
+        "summary": {
+            "jobs": len(jobs),
+            "jobs_failed": sum(1 for j in jobs.values() if j["status"] == "failed"),
+            "response_us": _stats_us(job_responses),
+            "makespan_us": span_us,
+            "first_arrival_us": first_arrival_us,
+            "last_end_us": last_end_us,
+            "peak_reserved_bytes": peak_reserved_bytes,
+            "peak_measured_bytes": peak_measured_bytes,
+            "over_budget": peak_reserved_bytes > memory_budget_bytes,
+            "over_commits": len(over_commit_list),
+            "busy_us": busy_us,
+            "worker_utilisation": round(busy_us / (workers * span_us), 4) if span_us else 0.0,
+            "wasted_us": sum(s["wasted_us"] for s in per_network.values()),
+        },
+        "networks": per_network,
+        "jobs": list(jobs.values()),
+        "over_commits": over_commit_list,
+    }
+
+
+def chrome_trace(
+    graph: TaskGraph,
+    schedule: Sequence[ScheduledTask],
+    *,
+    workers: int,
+    memory_budget_bytes: int | None = None,
+    measured_memory: Sequence[tuple[int, int]] = (),
+    reserved_timeline: Sequence[tuple[int, int]] | None = None,
+    over_commits: Iterable[OverCommit] = (),
+    job_arrivals_us: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
+    """A Chrome trace (JSON object format; opens in Perfetto and chrome://tracing).
+
+    One thread lane per worker with a slice per LOAD/EXEC task, counter tracks
+    for reserved (and measured) memory in MiB, instant events for job arrivals
+    and over-commits. Timestamps are microseconds.
+    """
+    pid = 1
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "masa"}},
+    ]
+    for worker in range(workers):
+        events.append({"ph": "M", "pid": pid, "tid": worker, "name": "thread_name",
+                       "args": {"name": f"worker {worker}"}})
+        events.append({"ph": "M", "pid": pid, "tid": worker, "name": "thread_sort_index",
+                       "args": {"sort_index": worker}})
+    for entry in sorted(schedule, key=lambda e: (e.start_us, e.worker, e.task_id)):
+        task = graph.by_id.get(entry.task_id)
+        if task is None or entry.worker < 0:
+            continue
+        label = f"{task.kind.value.upper()} {task.network or task.group}"
+        if task.stage_id:
+            label += f"/{task.stage_id}"
+        events.append({
+            "ph": "X", "pid": pid, "tid": entry.worker, "name": label,
+            "cat": task.kind.value, "ts": entry.start_us, "dur": entry.end_us - entry.start_us,
+            "args": {"task_id": task.task_id, "group": task.group, "status": entry.status,
+                     "memory_bytes": task.memory_bytes, "layer_type": task.layer_type},
+        })
+    timeline = list(reserved_timeline) if reserved_timeline is not None else \
+        memory_profile(graph, schedule)
+    mib = float(2**20)
+    for time_us, reserved_bytes in timeline:
+        counter_args: dict[str, float] = {"reserved": round(reserved_bytes / mib, 3)}
+        if memory_budget_bytes is not None:
+            counter_args["budget"] = round(memory_budget_bytes / mib, 3)
+        events.append({"ph": "C", "pid": pid, "name": "memory (MiB)", "ts": time_us,
+                       "args": counter_args})
+    for time_us, measured_bytes in measured_memory:
+        events.append({"ph": "C", "pid": pid, "name": "measured memory (MiB)", "ts": time_us,
+                       "args": {"measured": round(measured_bytes / mib, 3)}})
+    arrivals: dict[int, int] = {}
+    for task in graph.tasks:
+        arrivals[task.job_id] = min(arrivals.get(task.job_id, task.release_us), task.release_us)
+    if job_arrivals_us:
+        arrivals.update(job_arrivals_us)
+    for job_id, time_us in sorted(arrivals.items()):
+        events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "ts": time_us,
+                       "name": f"arrival j{job_id}"})
+    for over_commit in over_commits:
+        events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0,
+                       "ts": max(0, over_commit.time_us),
+                       "name": f"over-commit {over_commit.task_id}",
+                       "args": {"reserved_bytes": over_commit.reserved_bytes,
+                                "reason": over_commit.reason}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
+    """Write a report or trace atomically."""
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+def _ms(value_us: float | None) -> str:
+    return "-" if value_us is None else f"{value_us / 1000:.1f}"
+
+
+def format_table(report: Mapping[str, Any]) -> str:
+    """The text table `masa run` prints: per network and overall response times."""
+    header = (f"{'network':<16} {'runs':>5} {'done':>5} {'fail':>5} {'skip':>5} {'abort':>5} "
+              f"{'mean ms':>9} {'p50 ms':>9} {'p95 ms':>9}")
+    lines = [header, "-" * len(header)]
+    for name, summary in sorted(report["networks"].items()):
+        stats = summary["response_us"]
+        lines.append(
+            f"{name:<16} {summary['count']:>5} {summary['done']:>5} {summary['failed']:>5} "
+            f"{summary['skipped']:>5} {summary['aborted']:>5} {_ms(stats['mean']):>9} "
+            f"{_ms(stats['p50']):>9} {_ms(stats['p95']):>9}")
+    overall = report["summary"]
+    stats = overall["response_us"]
+    lines.append("-" * len(header))
+    lines.append(
+        f"{'all jobs':<16} {overall['jobs']:>5} {overall['jobs'] - overall['jobs_failed']:>5} "
+        f"{overall['jobs_failed']:>5} {'':>5} {'':>5} {_ms(stats['mean']):>9} "
+        f"{_ms(stats['p50']):>9} {_ms(stats['p95']):>9}")
+    measured = overall["peak_measured_bytes"]
+    lines.append(
+        f"policy {report['policy'] or '-'}, {report['workers']} workers: "
+        f"makespan {overall['makespan_us'] / 1e6:.3f} s, "
+        f"peak reserved {format_bytes(overall['peak_reserved_bytes'])} "
+        f"(budget {format_bytes(report['memory_budget_bytes'])}"
+        f"{', OVER BUDGET' if overall['over_budget'] else ''}), "
+        f"peak measured {'-' if measured is None else format_bytes(measured)}, "
+        f"utilisation {100 * overall['worker_utilisation']:.0f}%, "
+        f"over-commits {overall['over_commits']}")
+    return "\n".join(lines)
