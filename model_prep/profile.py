@@ -32,7 +32,6 @@ session) before measuring anything; docs/profiling.md compares the two.
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing.connection
 import os
@@ -568,9 +567,10 @@ def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[
     def peak_increase(base: int) -> int:
         return max(0, peak_rss_bytes() - base) if kernel_peak else 0
 
-    def observed(phase: str, operation: Callable[[], Any]) -> int:
-        """Run `operation` under the supervisor's sampler (again while it asks);
-        the largest VmHWM increase over the attempts."""
+    def observed(phase: str, operation: Callable[[], Any],
+                 prepare_again: Callable[[], None] | None = None) -> int:
+        """Run `operation` under the supervisor's sampler, again (after
+        `prepare_again`) while it asks; the largest VmHWM increase seen."""
         assert conn is not None
         largest = 0
         while True:
@@ -587,6 +587,8 @@ def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[
             del result
             if conn.recv() != "again":
                 return largest
+            if prepare_again is not None:
+                prepare_again()
 
     def timed_load() -> tuple[Any, int, int, int]:
         """(session, duration us, base RSS, VmHWM increase) of one load."""
@@ -612,19 +614,28 @@ def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[
     resident = max(0, rss_bytes() - load_base)
 
     feeds = _random_inputs(job.inputs, job.seed)
-    # The exec peak starts with the first run of the fresh session: the
-    # scheduler runs each loaded stage once, so memory that kernels allocate
-    # lazily on their first run belongs in this figure.
+    # The exec peak is that of the first run of a fresh session: the scheduler
+    # runs each loaded stage once, and kernels allocate some memory lazily on
+    # their first run only. So a repeated observation needs a fresh session.
+    live = [session]
+    del session
+
+    def reload() -> None:
+        live[0] = None
+        release_memory()
+        live[0] = create_session(job.path)
+
     if conn is not None:
-        exec_peak = observed("exec", functools.partial(session.run, None, feeds))
+        exec_peak = observed("exec", lambda: live[0].run(None, feeds), reload)
     else:
         release_memory()
         exec_base = rss_bytes()
         if kernel_peak:
             reset_peak()
-        outputs = session.run(None, feeds)
+        outputs = live[0].run(None, feeds)
         exec_peak = peak_increase(exec_base)
         del outputs
+    session = live.pop()
     for _ in range(job.warmup_runs - 1):
         session.run(None, feeds)
 
@@ -634,7 +645,8 @@ def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[
         outputs = session.run(None, feeds)
         durations_ns.append(time.perf_counter_ns() - start_ns)
         del outputs
-    del session, feeds
+    del session
+    feeds.clear()  # drop the inputs before the final trim
     release_memory()
     return {
         "load_time_us": int(load_time_us),
