@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workloads.zoo_cli",
     "model_prep.profile_cli",
     "workloads.workload_cli",
+    "masa.run_cli",
 )
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from masa.core import GroupStatus
 from masa.jobs import group_id
@@ -36,14 +36,15 @@ CONTEXT_MODES = ("oblivious", "wait", "preempt")
 class GroupControl(Protocol):
     """What the controller may do to the scheduler (SimulationControl matches it)."""
 
-    def gate(self, group: str) -> None: ...
     def open(self, group: str) -> None: ...
     def cancel(self, group: str, reason: str) -> None: ...
 
 
-# decide(job_id, network) -> True when the network is needed, given that all its
-# upstreams in the job have finished successfully.
-Decide = Callable[[int, str], bool]
+# decide(job_id, network, upstream_outputs) -> True when the network is needed,
+# given that all its upstreams in the job have finished successfully;
+# upstream_outputs maps network -> output name -> array (empty in simulation).
+UpstreamOutputs = Mapping[str, Mapping[str, Any]]
+Decide = Callable[[int, str, UpstreamOutputs], bool]
 
 
 def parse_group(group: str) -> tuple[int, str]:
@@ -77,18 +78,22 @@ class ContextController:
     def active(self) -> bool:
         return self.mode != "oblivious" and any(self.upstreams.values())
 
-    def job_added(self, job_id: int, networks: Iterable[str], control: GroupControl) -> None:
-        """Register a job; in CA-wait gate every network that has an upstream in the job."""
+    def register_job(self, job_id: int, networks: Iterable[str]) -> list[str]:
+        """Record a job's networks; return the groups to gate before its tasks arrive
+        (CA-wait: every network with an upstream in the job)."""
         networks = tuple(networks)
         self.job_networks[job_id] = networks
         if self.mode != "wait":
-            return
-        for network in networks:
-            if self._upstreams_in_job(job_id, network):
-                control.gate(group_id(job_id, network))
+            return []
+        return [group_id(job_id, network) for network in networks
+                if self._upstreams_in_job(job_id, network)]
 
-    def group_ended(self, group: str, status: GroupStatus, control: GroupControl) -> None:
-        """A network instance ended: decide the fate of its direct downstreams."""
+    def group_ended(self, group: str, status: GroupStatus, control: GroupControl,
+                    upstream_outputs: UpstreamOutputs | None = None) -> None:
+        """A network instance ended: decide the fate of its direct downstreams.
+
+        upstream_outputs: the outputs of the job's finished networks (real runs).
+        """
         self.ended[group] = status
         if not self.active:
             return
@@ -102,7 +107,8 @@ class ContextController:
             statuses = [self.ended.get(group_id(job_id, up)) for up in ups]
             if any(s is None for s in statuses):
                 continue  # another upstream is still running
-            if all(s is GroupStatus.DONE for s in statuses) and self.decide(job_id, downstream):
+            if all(s is GroupStatus.DONE for s in statuses) and self.decide(job_id, downstream,
+                                                                     upstream_outputs or {}):
                 # Lifts the CA-wait gate; in CA-preempt it tells the executor that
                 # the upstream outputs a derived input needs are now there.
                 control.open(down_group)

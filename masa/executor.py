@@ -263,7 +263,9 @@ class RealExecutor:
                     except queue.Empty:
                         break
                 if self.pending_unload:
-                    release_memory()
+                    # Sessions are only referenced from the runtime's dict: dropping
+                    # them frees them; trimming returns the pages without a gc pass.
+                    release_memory(collect=False)
                     self.pending_unload = False
         finally:
             for work in self.work_queues:
@@ -304,7 +306,8 @@ class RealExecutor:
     def _admit(self, job_id: int, tasks_by_job: Mapping[int, list[str]]) -> None:
         networks = self.job_networks.get(job_id, ())
         if self.context is not None:
-            self.context.job_added(job_id, networks, self)
+            for group in self.context.register_job(job_id, networks):
+                self.gate(group)
         for network in networks:
             group = f"j{job_id}/{network}"
             gated = group in self.state.gated
@@ -317,12 +320,8 @@ class RealExecutor:
         job_id, network = parse_group(group)
         if (group, "__inputs__") in self.runtime.tensors:
             return
-        upstream_outputs = {
-            parse_group(name)[1]: outputs for name, outputs in self.outputs.items()
-            if parse_group(name)[0] == job_id
-        }
         try:
-            feeds = self.inputs_for(job_id, network, upstream_outputs)
+            feeds = self.inputs_for(job_id, network, self.upstream_outputs(job_id))
         except Exception as error:  # a bad input fails this network alone
             self.errors.setdefault(group, f"input: {error}")
             log.error("job %d network %s: cannot make its input: %s", job_id, network, error)
@@ -332,6 +331,13 @@ class RealExecutor:
             for name, value in feeds.items():
                 self.runtime.tensors[(group, name)] = value
             self.runtime.tensors[(group, "__inputs__")] = np.empty(0)
+
+    def upstream_outputs(self, job_id: int) -> dict[str, dict[str, np.ndarray]]:
+        """Outputs of the job's finished networks, by network name."""
+        return {
+            parse_group(name)[1]: outputs for name, outputs in self.outputs.items()
+            if parse_group(name)[0] == job_id
+        }
 
     def _dispatch(self) -> None:
         if self.config.memory_source == "measured":
@@ -432,7 +438,8 @@ class RealExecutor:
             self.runtime.drop_group(group)
             self.pending_unload = True
             if self.context is not None:
-                self.context.group_ended(group, status, self)
+                job_id = parse_group(group)[0]
+                self.context.group_ended(group, status, self, self.upstream_outputs(job_id))
             if not self.config.keep_outputs:
                 self._forget_finished_job(parse_group(group)[0])
         if events.ended_groups or events.newly_cancelled:
