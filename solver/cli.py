@@ -151,7 +151,10 @@ def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
         if check(instance, fallback) == []:
             hint = fallback
     result = solve_instance(instance, options, hint=hint)
-    solver_problems = check(instance, result.schedule) if result.schedule else []
+    # The solver ignores start_after (a rule of the heuristic only), so its
+    # schedule is checked against everything else.
+    unordered = replace(instance, graph=replace(instance.graph, start_after=()))
+    solver_problems = check(unordered, result.schedule) if result.schedule else []
     return Evaluation(instance=instance, result=result, heuristic_schedule=heuristic,
                       heuristic_over_commits=over_commits,
                       heuristic_problems=tuple(heuristic_problems),

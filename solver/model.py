@@ -310,7 +310,7 @@ class _Built:
 
 
 def _build(instance: Instance, options: SolveOptions,
-           hint: dict[str, ScheduledTask] | None) -> _Built:
+           hint: dict[str, ScheduledTask] | None, end_by: int | None = None) -> _Built:
     # --- data
     graph = instance.graph
     tasks: tuple[Task, ...] = graph.tasks
@@ -427,7 +427,10 @@ def _build(instance: Instance, options: SolveOptions,
 
     # --- objective
     offset = 0
-    if options.objective == "makespan":
+    if end_by is not None:
+        # A release-time segment that only has to be done before the next one.
+        model.add(makespan_var <= end_by)
+    elif options.objective == "makespan":
         model.minimize(makespan_var)
     else:
         releases = job_releases(graph)
@@ -465,8 +468,10 @@ def _build(instance: Instance, options: SolveOptions,
 
 
 def _solve_one(instance: Instance, options: SolveOptions,
-               hint: dict[str, ScheduledTask] | None) -> SolveResult:
-    built = _build(instance, options, hint)
+               hint: dict[str, ScheduledTask] | None, end_by: int | None = None
+               ) -> SolveResult:
+    """One CP-SAT solve; with `end_by`, only a schedule ending by then is sought."""
+    built = _build(instance, options, hint, end_by)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, options.time_limit_s)
     solver.parameters.num_search_workers = max(1, options.search_workers)
@@ -501,7 +506,10 @@ def _solve_one(instance: Instance, options: SolveOptions,
         makespan = schedule_makespan(schedule)
         responses = response_sum(graph, schedule)
         objective_value = makespan if options.objective == "makespan" else responses
-    if status == cp_model.OPTIMAL:
+    if end_by is not None:
+        bound = None  # a feasibility solve proves nothing about the optimum
+        name = "FEASIBLE" if schedule else name
+    elif status == cp_model.OPTIMAL:
         bound = objective_value
     elif status == cp_model.INFEASIBLE:
         bound = None
@@ -509,6 +517,16 @@ def _solve_one(instance: Instance, options: SolveOptions,
         bound = math.ceil(solver.best_objective_bound - 1e-6)
         if objective_value is not None:
             bound = min(bound, objective_value)
+        elif hint is not None:
+            # Time ran out before CP-SAT found anything: the hint is a checked
+            # feasible schedule, so report it rather than nothing.
+            schedule = tuple(sorted(hint.values(),
+                                    key=lambda item: (item.start_us, item.worker, item.task_id)))
+            makespan = schedule_makespan(schedule)
+            responses = response_sum(graph, schedule)
+            objective_value = makespan if options.objective == "makespan" else responses
+            bound = min(bound, objective_value)
+            name = "FEASIBLE"
     return SolveResult(status=name, objective=options.objective,
                        formulation=options.formulation, makespan_us=makespan,
                        response_sum_us=responses, objective_value=objective_value,
@@ -536,6 +554,9 @@ def _release_segments(graph: TaskGraph) -> list[list[str]]:
     for lock in graph.locks:
         for until in lock.until_tasks:
             union(lock.from_task, until)
+    first_of_job: dict[int, str] = {}
+    for task in graph.tasks:  # a job's response time must stay within one segment
+        union(task.task_id, first_of_job.setdefault(task.job_id, task.task_id))
     components: dict[str, list[str]] = {}
     for task in graph.tasks:
         components.setdefault(find(task.task_id), []).append(task.task_id)
@@ -587,21 +608,30 @@ def solve_instance(instance: Instance, options: SolveOptions | None = None,
     while index < len(segments):
         pending = pending + segments[index]
         index += 1
+        last = index == len(segments)
         sub = _subinstance(instance, pending)
         sub_hint = {t: hint_by_id[t] for t in pending} if hint_by_id else None
-        result = _solve_one(sub, replace(options, time_limit_s=remaining_s), sub_hint)
+        # Share the time between the segments still to solve.
+        limit_s = remaining_s if last else remaining_s / (len(segments) - index + 1)
+        sub_options = replace(options, time_limit_s=limit_s)
+        next_release = None if last else min(
+            instance.graph.by_id[t].release_us for t in segments[index])
+        if not last and options.objective == "makespan":
+            # Only the last segment decides the makespan: earlier ones need
+            # just a schedule that ends before the next segment is released.
+            result = _solve_one(sub, sub_options, sub_hint, end_by=next_release)
+        else:
+            result = _solve_one(sub, sub_options, sub_hint)
         remaining_s = max(0.05, remaining_s - result.solve_time_s)
-        if result.makespan_us is None:  # INFEASIBLE, or UNKNOWN: nothing to build on
-            results.append(result)
+        if result.status == "INFEASIBLE" and (last or options.objective == "response"):
+            results.append(result)  # a relaxation of the whole is infeasible
             return _combine(instance, options, results, hint is not None, complete=False)
-        if index < len(segments):
-            next_release = min(instance.graph.by_id[t].release_us for t in segments[index])
-            if result.makespan_us > next_release:
-                # It would overlap the next segment in time: solve both together.
-                continue
+        if not last and (result.makespan_us is None or result.makespan_us > next_release):
+            continue  # it would overlap the next segment: solve the two together
         results.append(result)
         pending = []
-    return _combine(instance, options, results, hint is not None, complete=True)
+    return _combine(instance, options, results, hint is not None,
+                    complete=results[-1].makespan_us is not None)
 
 
 def _combine(instance: Instance, options: SolveOptions, results: list[SolveResult],
@@ -611,7 +641,7 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
     if last.status in ("INFEASIBLE", "UNKNOWN") or not complete:
         bound = None
         if last.status != "INFEASIBLE" and options.objective == "makespan":
-            bound = max((r.bound for r in results if r.bound is not None), default=None)
+            bound = last.bound
         status = last.status if last.status in ("INFEASIBLE", "UNKNOWN") else "UNKNOWN"
         return SolveResult(status=status, objective=options.objective,
                            formulation=options.formulation, makespan_us=None,
@@ -623,10 +653,10 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
     makespan = schedule_makespan(schedule)
     responses = response_sum(instance.graph, schedule)
     if options.objective == "makespan":
-        # The last segment holds the latest end; any segment's bound is a bound.
+        # The last segment holds the latest end, and alone it is a relaxation.
         value = makespan
-        bound = max(r.bound for r in results if r.bound is not None)
-        status = "OPTIMAL" if bound >= value else "FEASIBLE"
+        bound = last.bound if last.bound is not None else 0
+        status = "OPTIMAL" if last.proven else "FEASIBLE"
     else:
         value = responses
         bound = sum(r.bound for r in results if r.bound is not None)

@@ -471,3 +471,23 @@ def test_masa_optimal_reports_solver_infeasibility_with_exit_1(
     assert main([str(path), "--json", "--search-workers", "1"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "INFEASIBLE" and out["best_makespan"] is None
+
+
+def test_masa_optimal_on_a_workload_and_store(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The same graph builder as the scheduler (masa.jobs), on a tiny unprofiled zoo."""
+    from workloads.schema import scenario_path
+    from workloads.zoo import write_zoo
+
+    store = tmp_path / "store"
+    write_zoo(store, names=["agenet", "gendernet", "tinyyolo"], scale=0.02, profile=False)
+    code = main([str(scenario_path("small")), "--store", str(store), "--workers", "2",
+                 "--memory", "3MiB", "--jobs", "2", "--time-limit", "4",
+                 "--search-workers", "1", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["memory"] == 3 * 1024 * 1024 and out["time_unit"] == "us"
+    assert out["status"] in ("OPTIMAL", "FEASIBLE") and out["solver_check"] == []
+    assert out["segments"] == 2  # the second job arrives a second later
+    assert out["heuristic_makespan"] >= out["bound"]
+    assert out["best_makespan"] <= out["heuristic_makespan"]
