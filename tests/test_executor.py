@@ -1,0 +1,209 @@
+"""The real executor on real (small) ONNX networks: outputs, memory, faults, CLI.
+
+The store is a scaled-down zoo split into per-layer stages (AgeNet: a chain;
+GoogleNet: Inception branches), built once per session without profiles so
+the suite stays fast; scheduling then uses the builder's estimates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from masa.checker import check_schedule
+from masa.cli import main
+from masa.executor import RealExecutor, RealRunConfig
+from masa.jobs import build_workload_graph
+from masa.simulator import simulate_graph
+from model_prep.manifest import NetworkManifest, load_store_network
+from model_prep.verify import random_feeds, run_stages, run_whole_model
+from workloads.schema import JobSpec
+from workloads.zoo import write_zoo
+
+NETWORKS = ("agenet", "googlenet")
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("store")
+    write_zoo(path, list(NETWORKS), scale=0.05, profile=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def manifests(store: Path) -> dict[str, NetworkManifest]:
+    return {name: load_store_network(store, name) for name in NETWORKS}
+
+
+@pytest.fixture(scope="module")
+def feeds(manifests: dict[str, NetworkManifest]) -> dict[str, dict[str, np.ndarray]]:
+    return {name: random_feeds(m.inputs, np.random.default_rng(7)) for name, m in manifests.items()}
+
+
+def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * MIB,
+         inputs_for=None):
+    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    executor = RealExecutor(
+        graph, manifests, {job.job_id: job.arrival_us for job in jobs},
+        inputs_for or (lambda job_id, network, upstream: feeds[network]),
+        RealRunConfig(workers=workers, memory_budget_bytes=budget_bytes, policy=policy),
+    )
+    return graph, executor.run()
+
+
+def _assert_clean(graph, result, workers: int, budget_bytes: int) -> None:
+    assert result.final_reserved_bytes == 0
+    assert result.live_sessions_after == 0
+    assert result.live_tensors_after == 0
+    allowed = [o.task_id for o in result.over_commits]
+    assert check_schedule(graph, result.schedule, workers=workers,
+                          memory_budget_bytes=budget_bytes, allowed_over_commits=allowed) == []
+
+
+@pytest.mark.parametrize("policy", ["masa", "bulk", "deepeye"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_outputs_equal_whole_model_under_every_policy(manifests, feeds, policy, workers):
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+    graph, result = _run(manifests, feeds, jobs, policy=policy, workers=workers)
+    for name, manifest in manifests.items():
+        expected = run_whole_model(manifest.source_path, manifest, feeds[name])
+        for job in jobs:
+            got = result.outputs[f"j{job.job_id}/{name}"]
+            for output, value in expected.items():
+                scale = max(1e-12, float(np.max(np.abs(value))))
+                assert np.max(np.abs(got[output] - value)) <= 1e-5 * scale
+    assert set(result.group_status.values()) == {"done"}
+    _assert_clean(graph, result, workers, 64 * MIB)
+
+
+def test_one_worker_real_and_simulated_dispatch_orders_match(manifests, feeds):
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, ("googlenet",))]
+    for policy in ("masa", "bulk", "deepeye"):
+        graph, real = _run(manifests, feeds, jobs, policy=policy, workers=1,
+                           budget_bytes=4 * MIB)
+        simulated = simulate_graph(graph, policy=policy, workers=1,
+                                   memory_budget_bytes=4 * MIB)
+        assert real.dispatch_order == list(simulated.dispatch_order), policy
+
+
+def test_budget_below_largest_stage_runs_with_progress_rule(manifests, feeds, caplog):
+    jobs = [JobSpec(0, 0, ("agenet",))]
+    graph, result = _run(manifests, feeds, jobs, budget_bytes=1024)
+    assert result.over_commits, "a stage larger than the budget must be recorded"
+    assert all(o.reason == "progress" for o in result.over_commits)
+    assert "over the budget" in caplog.text
+    expected = run_stages(manifests["agenet"], feeds["agenet"])
+    for name, value in expected.items():
+        assert np.array_equal(result.outputs["j0/agenet"][name], value)
+    _assert_clean(graph, result, 2, 1024)
+
+
+def test_wrong_input_shape_fails_that_job_alone(manifests, feeds):
+    jobs = [JobSpec(0, 0, ("agenet",)), JobSpec(1, 0, ("agenet", "googlenet"))]
+
+    def inputs_for(job_id, network, upstream):
+        if job_id == 0:
+            return {name: value[..., :-3] for name, value in feeds[network].items()}
+        return feeds[network]
+
+    graph, result = _run(manifests, feeds, jobs, inputs_for=inputs_for)
+    assert result.group_status["j0/agenet"] == "failed"
+    assert "j0/agenet" in result.errors
+    assert result.group_status["j1/agenet"] == "done"
+    assert result.group_status["j1/googlenet"] == "done"
+    _assert_clean(graph, result, 2, 64 * MIB)
+
+
+def test_stage_file_corrupted_mid_job_fails_that_job_alone(store, feeds, tmp_path):
+    # A private copy of the store, so the corruption cannot leak into other tests.
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    manifests = {name: load_store_network(copy, name) for name in NETWORKS}
+    middle = manifests["agenet"].stages[len(manifests["agenet"].stages) // 2]
+    (copy / "agenet" / middle.file).write_bytes(b"not an onnx model")
+    jobs = [JobSpec(0, 0, ("agenet",)), JobSpec(1, 0, ("googlenet",))]
+    graph, result = _run(manifests, feeds, jobs)
+    assert result.group_status == {"j0/agenet": "failed", "j1/googlenet": "done"}
+    assert middle.stage_id in result.errors["j0/agenet"]
+    _assert_clean(graph, result, 2, 64 * MIB)
+
+
+def test_manifest_with_corrupted_stage_is_refused_at_load(store, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    stage = load_store_network(copy, "agenet").stages[0]
+    (copy / "agenet" / stage.file).write_bytes(b"garbage")
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [agenet]\narrivals: {kind: periodic, interval_ms: 1, count: 1}\n")
+    assert main(["run", str(workload), "--store", str(copy), "--simulate"]) == 2
+    error = capsys.readouterr().err
+    assert "sha256" in error and "stages[0]" in error
+
+
+def test_infer_command_matches_whole_model(store, manifests, tmp_path, capsys):
+    manifest = manifests["googlenet"]
+    value = random_feeds(manifest.inputs, np.random.default_rng(3))
+    (name, array), = value.items()
+    np.save(tmp_path / "x.npy", array)
+    for policy in ("masa", "bulk", "deepeye"):
+        out = tmp_path / f"y-{policy}.npz"
+        assert main(["infer", "--store", str(store), "--model", "googlenet", "--input",
+                     str(tmp_path / "x.npy"), "--out", str(out), "--policy", policy,
+                     "--memory", "2MiB"]) == 0
+        expected = run_whole_model(manifest.source_path, manifest, value)
+        with np.load(out) as got:
+            for output, reference in expected.items():
+                scale = max(1e-12, float(np.max(np.abs(reference))))
+                assert np.max(np.abs(got[output] - reference)) <= 1e-5 * scale
+
+
+def test_infer_rejects_wrong_input_shape(store, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 10, 10), dtype=np.float32))
+    code = main(["infer", "--store", str(store), "--model", "agenet", "--input",
+                 str(tmp_path / "x.npy"), "--out", str(tmp_path / "y.npz")])
+    assert code == 2
+    assert "expected shape" in capsys.readouterr().err
+    assert not (tmp_path / "y.npz").exists()
+
+
+def test_run_command_writes_report_and_trace(store, tmp_path, capsys):
+    import json
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text(
+        "graph: [agenet, googlenet]\n"
+        "arrivals: {kind: periodic, interval_ms: 5, count: 3, seed: 1}\n")
+    for simulate in (False, True):
+        report_path, trace_path = tmp_path / "r.json", tmp_path / "t.json"
+        argv = ["run", str(workload), "--store", str(store), "--memory", "8MiB",
+                "--report", str(report_path), "--trace", str(trace_path)]
+        assert main(argv + (["--simulate"] if simulate else [])) == 0
+        report = json.loads(report_path.read_text())
+        assert report["summary"]["jobs"] == 3
+        assert report["meta"]["simulated"] is simulate
+        assert all(n["status"] == "done" for j in report["jobs"] for n in j["networks"])
+        trace = json.loads(trace_path.read_text())
+        assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    assert "all jobs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("graph: [agenet, facenet2]\narrivals: {kind: periodic, interval_ms: 1, count: 1}\n",
+     "facenet2"),
+    ("graph: [agenet\n", "YAML"),
+    ("graph: [agenet]\narrivals: {kind: poisson, rate_per_s: -1, count: 2}\n", "arrivals"),
+])
+def test_run_bad_workloads_exit_2_with_path(store, tmp_path, capsys, text, expected):
+    workload = tmp_path / "bad.yaml"
+    workload.write_text(text)
+    assert main(["run", str(workload), "--store", str(store), "--simulate"]) == 2
+    error = capsys.readouterr().err
+    assert str(workload) in error and expected in error
+    assert error.count("\n") == 1  # one line, no traceback
