@@ -31,7 +31,9 @@ weights exceed the protobuf limit are written with external data.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -152,7 +154,7 @@ def parse_input_shape(text: str) -> tuple[str, list[int | str]]:
         raise UserError(f"--input-shape {text!r}: expected NAME=DIMS such as "
                         "data=1x3x224x224")
     dims: list[int | str] = []
-    for dim in dims_text.split("x") if "x" in dims_text.strip("x") else [dims_text]:
+    for dim in dims_text.split("x"):
         dim = dim.strip()
         if re.fullmatch(r"[0-9]+", dim):
             if int(dim) == 0:
@@ -621,7 +623,17 @@ def _build_stage(
             info.type.CopyFrom(table[name])
         return info
 
-    stage_graph = onnx.GraphProto(name=f"{graph.name or 'graph'}_{stage_id}")
+    # Filled in place: building a separate GraphProto and copying it in would
+    # copy every weight twice.
+    stage_model = onnx.ModelProto(
+        ir_version=model.ir_version, producer_name="masa-prepare",
+        producer_version=model.producer_version, domain=model.domain,
+        model_version=model.model_version,
+    )
+    stage_model.opset_import.extend(model.opset_import)
+    stage_model.functions.extend(model.functions)
+    stage_graph = stage_model.graph
+    stage_graph.name = f"{graph.name or 'graph'}_{stage_id}"
     stage_graph.node.extend(node_list)
     stage_graph.input.extend(value_info(n, types) for n in inputs)
     if model.ir_version < 4:
@@ -634,15 +646,6 @@ def _build_stage(
     internal = [n for node in node_list for n in node.output
                 if n and n not in outputs and n in types]
     stage_graph.value_info.extend(value_info(n, types) for n in internal)
-
-    stage_model = onnx.ModelProto(
-        ir_version=model.ir_version, producer_name="masa-prepare",
-        producer_version=model.producer_version, domain=model.domain,
-        model_version=model.model_version,
-    )
-    stage_model.opset_import.extend(model.opset_import)
-    stage_model.functions.extend(model.functions)
-    stage_model.graph.CopyFrom(stage_graph)
 
     weight_bytes = sum(_constant_bytes(name, graph, types) for name in constants_read)
     weight_bytes += sum(_subgraph_weight_bytes(graph.node[i]) for i in plan.nodes)
@@ -682,14 +685,23 @@ def _layer_type(graph: onnx.GraphProto, plan: StagePlan, analysis: GraphAnalysis
     return max(sorted(weight_by_kind), key=weight_by_kind.__getitem__)
 
 
-def _save_stage(stage_model: onnx.ModelProto, path: Path, external_data_bytes: int) -> None:
+def _save_stage(stage_model: onnx.ModelProto, path: Path, external_data_bytes: int) -> str:
+    """Write one stage file (fsynced: the directory rename must not outrun it); its sha256."""
     weights = sum(tensor_bytes_estimate(t) for t in stage_model.graph.initializer)
     if weights >= external_data_bytes:
         onnx.save_model(stage_model, str(path), save_as_external_data=True,
                         all_tensors_to_one_file=True, location=f"{path.name}.data",
                         size_threshold=1024)
-    else:
-        onnx.save_model(stage_model, str(path))
+        for written in (path, path.with_name(f"{path.name}.data")):
+            with open(written, "rb+") as handle:
+                os.fsync(handle.fileno())
+        return sha256_file(path)
+    data = stage_model.SerializeToString()
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return hashlib.sha256(data).hexdigest()
 
 
 def default_network_name(model_path: str | Path) -> str:
@@ -767,8 +779,8 @@ def split_model(
         stage_model, stage = _build_stage(model, analysis, plan, stage_ids[k], stage_of_node,
                                           needed_outside, types, output_types)
         path = out_dir / stage.file
-        _save_stage(stage_model, path, external_data_bytes)
-        stages.append(replace(stage, sha256=sha256_file(path)))
+        sha256 = _save_stage(stage_model, path, external_data_bytes)
+        stages.append(replace(stage, sha256=sha256))
         if progress is not None:
             progress(k + 1, len(plans), stage.stage_id)
 

@@ -282,11 +282,11 @@ def test_prepare_replaces_an_existing_network_only_when_complete(
     calls = []
     real_save = split._save_stage
 
-    def failing_save(*args: object) -> None:
+    def failing_save(*args: object) -> str:
         calls.append(args)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        real_save(*args)
+        return real_save(*args)
 
     monkeypatch.setattr(split, "_save_stage", failing_save)
     with pytest.raises(UserError, match="No space left"):
