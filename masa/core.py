@@ -222,8 +222,13 @@ class SchedulerState:
     events: CoreEvents = field(default_factory=CoreEvents)
 
 
-def new_state(workers: int, memory_budget_bytes: int, policy: str = "masa") -> SchedulerState:
-    """An empty scheduler for `workers` workers and a memory budget. Unknown policy: UserError."""
+def new_state(workers: int, memory_budget_bytes: int,
+              policy: str | Policy = "masa") -> SchedulerState:
+    """An empty scheduler for `workers` workers and a memory budget.
+
+    policy: a name from masa.policies.POLICY_NAMES (unknown: UserError), or a
+    fresh policy object (e.g. MasaPolicy(admission=False)) used by this state only.
+    """
     # Imported here: masa.policies imports this module for its types.
     from masa.policies import make_policy
 
@@ -234,7 +239,7 @@ def new_state(workers: int, memory_budget_bytes: int, policy: str = "masa") -> S
     return SchedulerState(
         workers=workers,
         ledger=MemoryLedger(memory_budget_bytes),
-        policy=make_policy(policy),
+        policy=make_policy(policy) if isinstance(policy, str) else policy,
         free_workers=list(range(workers)),
     )
 

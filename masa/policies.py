@@ -41,21 +41,38 @@ class MasaPolicy:
     is ordered by footprint, so when its smallest task does not fit in free
     memory none does. If nothing fits and no worker is busy, the smallest task
     of the preferred kind runs anyway (progress rule, recorded as over-commit).
+
+    Admission (our addition, on by default): a LOAD that would start a network
+    instance (no task of its group has started) is held back while the
+    smallest LOAD of an already started network does not fit, and the progress
+    rule prefers continuing a started network over starting a new one.
+    Without it, under sustained overload the smallest LOADs are always the
+    first stages of newly arrived networks: they take every freed byte, the
+    started networks' larger stages starve, and the progress rule keeps
+    starting new networks whose held tensors pile up far above the budget
+    (docs/scheduling.md, "Admission"). `admission=False` is the paper's rule.
     """
 
     name = "masa"
     memory_aware = True
 
-    def __init__(self) -> None:
+    def __init__(self, admission: bool = True) -> None:
+        self.admission = admission
         self._execs: list[_Entry] = []
-        self._loads: list[_Entry] = []
+        self._loads: list[_Entry] = []  # LOADs of started networks (all LOADs without admission)
+        self._fresh: list[_Entry] = []  # LOADs that would start a network
 
     def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
         pass
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
         task = info.task
-        heap = self._loads if task.kind is TaskKind.LOAD else self._execs
+        if task.kind is not TaskKind.LOAD:
+            heap = self._execs
+        elif self.admission and state.groups[task.group].started_count == 0:
+            heap = self._fresh
+        else:
+            heap = self._loads
         heapq.heappush(heap, (info.footprint_bytes, task.order, task.task_id, info.ready_epoch))
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
@@ -64,19 +81,37 @@ class MasaPolicy:
     def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
         pass
 
+    def _fresh_top(self, state: SchedulerState) -> _Entry | None:
+        """Smallest LOAD of a network not started yet (moving ones started meanwhile)."""
+        while True:
+            top = _valid_top(state, self._fresh)
+            if top is None or state.groups[state.tasks[top[-2]].task.group].started_count == 0:
+                return top
+            heapq.heappush(self._loads, heapq.heappop(self._fresh))
+
     def pick(self, state: SchedulerState) -> str | None:
         free_bytes = state.ledger.free_bytes()
         exec_top = _valid_top(state, self._execs)
         if exec_top is not None and exec_top[0] <= free_bytes:
             return heapq.heappop(self._execs)[-2]
+        # First, as it moves LOADs of networks started meanwhile into self._loads.
+        fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
-        if load_top is not None and load_top[0] <= free_bytes:
+        load_fits = load_top is not None and load_top[0] <= free_bytes
+        # Admission: no network starts while a started one waits for memory.
+        fresh_fits = (fresh_top is not None and fresh_top[0] <= free_bytes
+                      and (load_top is None or load_fits))
+        if load_fits and (not fresh_fits or load_top <= fresh_top):  # type: ignore[operator]
             return heapq.heappop(self._loads)[-2]
+        if fresh_fits:
+            return heapq.heappop(self._fresh)[-2]
         if state.running_count == 0:
             if exec_top is not None:
                 return heapq.heappop(self._execs)[-2]
             if load_top is not None:
                 return heapq.heappop(self._loads)[-2]
+            if fresh_top is not None:
+                return heapq.heappop(self._fresh)[-2]
         return None
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from masa.core import (
     GroupStatus,
     OverCommit,
+    Policy,
     SchedulerState,
     add_tasks,
     arrive,
@@ -182,7 +183,7 @@ class _Simulation:
 def simulate_graph(
     graph: TaskGraph,
     *,
-    policy: str = "masa",
+    policy: str | Policy = "masa",
     workers: int,
     memory_budget_bytes: int,
     on_group_end: GroupEndHook | None = None,

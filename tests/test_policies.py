@@ -21,6 +21,7 @@ from masa.core import (
     new_state,
     select,
 )
+from masa.policies import MasaPolicy
 from masa.simulator import simulate_graph
 from masa.taskgraph import TaskGraph, TaskKind
 
@@ -240,3 +241,39 @@ def test_every_policy_serves_arrivals_in_order_and_finishes(policy: str) -> None
 def test_empty_graph() -> None:
     result = simulate_graph(TaskGraph(tasks=()), workers=1, memory_budget_bytes=0)
     assert result.schedule == () and result.makespan_us == 0
+
+
+@pytest.mark.parametrize("admission", [True, False])
+def test_masa_admission_holds_new_networks_while_a_started_one_waits(admission: bool) -> None:
+    graph = merge([chain_network(0, 0, [60, 50]), chain_network(1, 0, [10])])
+    state = new_state(2, 100, MasaPolicy(admission=admission))
+    add_tasks(state, graph, arrived=False)
+    arrive(state, [t.task_id for t in graph.tasks if t.job_id == 0])
+    # LOAD s0 starts; LOAD s1 (start_after satisfied) does not fit: 60 + 50 > 100.
+    assert [d.task_id for d in select(state)] == ["j0/n0/s0/load"]
+    arrive(state, [t.task_id for t in graph.tasks if t.job_id == 1])
+    new_load = [d.task_id for d in select(state)]
+    if not admission:  # the paper's rule starts the new network in the free 40 bytes
+        assert new_load == ["j1/n0/s0/load"]
+        return
+    assert new_load == []
+    finish(state, "j0/n0/s0/load")
+    assert [d.task_id for d in select(state)] == ["j0/n0/s0/exec"]  # 70 reserved
+    finish(state, "j0/n0/s0/exec")  # frees s0: 5 reserved (its outputs)
+    # Both fit now: smallest first again.
+    assert [d.task_id for d in select(state)] == ["j1/n0/s0/load", "j0/n0/s1/load"]
+
+
+def test_masa_admission_bounds_memory_under_overload() -> None:
+    """Jobs arrive faster than they can be served: held memory must not pile up."""
+    graph = merge([chain_network(job, n, [4, 5, 6, 7, 8, 9], exec_bytes=2, output_bytes=1,
+                                 release_us=job * 200) for job in range(60) for n in range(2)])
+    budget_bytes = 40
+    largest_footprint = 9 + 2 + 1
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=budget_bytes)
+    assert result.peak_reserved_bytes <= budget_bytes + largest_footprint
+    paper = simulate_graph(graph, policy=MasaPolicy(admission=False), workers=2,
+                           memory_budget_bytes=budget_bytes)
+    assert paper.peak_reserved_bytes > 2 * budget_bytes
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=budget_bytes,
+                          allowed_over_commits=[o.task_id for o in result.over_commits]) == []

@@ -1,0 +1,220 @@
+"""Scheduler decision cost at 10, 100 and 1,000 ready tasks, and simulator throughput.
+
+A decision is one `select()` call that dispatches one task to the one idle
+worker (the policy's pick plus the core's bookkeeping: state transition,
+ledger reservation, lock bookkeeping); `finish()` of that task is timed
+separately. The ready set holds N tasks (half EXEC, half LOAD, random
+footprints from a seeded generator); for masa the budget is set so the EXEC
+heap's smallest task does not fit and a LOAD must be chosen (both heaps
+consulted on every decision). Target: median <= 20 us at 1,000 ready tasks.
+
+Simulator throughput: a workload of jobs with three 10-stage networks each
+(60 tasks per job), simulated end to end, in jobs per second.
+
+Run: python benchmarks/bench_decision.py [--quick]
+Writes docs/bench-decision.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from masa.atomic import atomic_write_text
+from masa.core import add_tasks, finish, new_state, select
+from masa.simulator import simulate_graph
+from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+
+READY_COUNTS = (10, 100, 1000)
+POLICIES = ("masa", "bulk", "deepeye")
+
+
+def ready_graph(count: int, rng: np.random.Generator, prefix: str) -> TaskGraph:
+    """`count` independent tasks, half EXEC and half LOAD, in a few groups."""
+    tasks: list[Task] = []
+    locks: list[Lock] = []
+    for index in range(count):
+        kind = TaskKind.EXEC if index % 2 else TaskKind.LOAD
+        task_id = f"{prefix}{index}"
+        memory_bytes = int(rng.integers(1, 1000))
+        tasks.append(Task(task_id, kind, 10, memory_bytes if kind is TaskKind.EXEC else 0,
+                          order=(index % 7, index % 3, index), group=f"{prefix}g{index % 7}",
+                          layer_type="fc" if index % 3 == 0 else "conv"))
+        if kind is TaskKind.LOAD:
+            locks.append(Lock(f"{task_id}#r", task_id, (task_id,), memory_bytes))
+    return TaskGraph(tasks=tuple(tasks), locks=tuple(locks))
+
+
+def decision_costs_us(policy: str, ready: int, decisions: int, seed: int) -> tuple[
+        list[float], list[float]]:
+    """Per-decision select() and finish() times with about `ready` tasks ready."""
+    rng = np.random.default_rng(seed)
+    select_us: list[float] = []
+    finish_us: list[float] = []
+    # A budget everything fits in: the common case where the first heap decides.
+    state = new_state(1, 10**9, policy)
+    add_tasks(state, ready_graph(ready, rng, "a"))
+    batch = 0
+    while len(select_us) < decisions:
+        # Keep the ready set near `ready`: top up whenever half of it is gone.
+        batch += 1
+        add_tasks(state, ready_graph(ready // 2 or 1, rng, f"b{batch}_"))
+        for _ in range(max(1, ready // 2)):
+            start = time.perf_counter_ns()
+            dispatches = select(state)
+            middle = time.perf_counter_ns()
+            for dispatch in dispatches:
+                finish(state, dispatch.task_id)
+            end = time.perf_counter_ns()
+            if dispatches:
+                select_us.append((middle - start) / 1000 / len(dispatches))
+                finish_us.append((end - middle) / 1000 / len(dispatches))
+    return select_us, finish_us
+
+
+def masa_tight_costs_us(ready: int, decisions: int, seed: int) -> list[float]:
+    """masa with free memory tight: the smallest EXEC does not fit, a LOAD does."""
+    rng = np.random.default_rng(seed)
+    state = new_state(1, 0, "masa")
+    costs: list[float] = []
+    batch = 0
+    while len(costs) < decisions:
+        batch += 1
+        graph = ready_graph(ready, rng, f"t{batch}_")
+        # EXECs need >= 500 bytes, LOADs < 500: with 499 free only LOADs fit.
+        tasks = tuple(
+            Task(t.task_id, t.kind, t.duration_us,
+                 500 + t.memory_bytes if t.kind is TaskKind.EXEC else 0,
+                 order=t.order, group=t.group, layer_type=t.layer_type)
+            for t in graph.tasks)
+        locks = tuple(Lock(lock.lock_id, lock.from_task, lock.until_tasks,
+                           lock.memory_bytes % 499) for lock in graph.locks)
+        state.ledger.budget_bytes = 499
+        add_tasks(state, TaskGraph(tasks=tasks, locks=locks))
+        for _ in range(ready // 4 or 1):
+            start = time.perf_counter_ns()
+            dispatches = select(state)
+            costs.append((time.perf_counter_ns() - start) / 1000)
+            assert len(dispatches) == 1
+            assert state.tasks[dispatches[0].task_id].task.kind is TaskKind.LOAD
+            finish(state, dispatches[0].task_id)
+        # Drop what is left of this batch so the ready set stays near `ready`.
+        state = new_state(1, 0, "masa")
+    return costs
+
+
+def job_graph(job: int, release_us: int) -> TaskGraph:
+    tasks: list[Task] = []
+    precedence: list[tuple[str, str]] = []
+    locks: list[Lock] = []
+    start_after: list[tuple[str, str]] = []
+    for network in range(3):
+        group = f"j{job}/n{network}"
+        for stage in range(10):
+            load_id, exec_id = f"{group}/s{stage}/load", f"{group}/s{stage}/exec"
+            common = dict(release_us=release_us, order=(job, network, stage), group=group,
+                          job_id=job, network=f"n{network}", stage_id=f"s{stage}",
+                          layer_type="fc" if stage >= 8 else "conv")
+            tasks.append(Task(load_id, TaskKind.LOAD, 2000 + 300 * stage, 1 << 20, **common))
+            tasks.append(Task(exec_id, TaskKind.EXEC, 500 + 50 * stage, 2 << 20, **common))
+            precedence.append((load_id, exec_id))
+            locks.append(Lock(load_id + "#r", load_id, (exec_id,), (4 + stage) << 20))
+            if stage:
+                precedence.append((f"{group}/s{stage - 1}/exec", exec_id))
+                start_after.append((f"{group}/s{stage - 1}/load", load_id))
+                locks.append(Lock(f"{group}/s{stage - 1}#o", f"{group}/s{stage - 1}/exec",
+                                  (exec_id,), 1 << 20))
+    return TaskGraph(tuple(tasks), tuple(precedence), tuple(locks), tuple(start_after))
+
+
+def simulator_throughput(jobs: int, policy: str) -> tuple[float, int]:
+    graphs = [job_graph(job, job * 40_000) for job in range(jobs)]
+    graph = TaskGraph(
+        tasks=tuple(t for g in graphs for t in g.tasks),
+        precedence=tuple(p for g in graphs for p in g.precedence),
+        locks=tuple(lock for g in graphs for lock in g.locks),
+        start_after=tuple(s for g in graphs for s in g.start_after),
+    )
+    start = time.perf_counter()
+    result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=64 << 20)
+    elapsed_s = time.perf_counter() - start
+    assert result.unfinished == () and result.final_reserved_bytes == 0
+    return jobs / elapsed_s, len(graph.tasks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer decisions and jobs")
+    parser.add_argument("--out", default="docs/bench-decision.md")
+    args = parser.parse_args()
+    decisions = 2000 if args.quick else 20000
+    sim_jobs = 100 if args.quick else 1000
+
+    rows: list[str] = []
+    print(f"{'policy':<12} {'ready':>6} {'select p50 us':>14} {'p95':>8} {'finish p50 us':>14}")
+    for policy in POLICIES:
+        for ready in READY_COUNTS:
+            select_us, finish_us = decision_costs_us(policy, ready, decisions, seed=ready)
+            p50 = statistics.median(select_us)
+            p95 = float(np.percentile(select_us, 95))
+            f50 = statistics.median(finish_us)
+            print(f"{policy:<12} {ready:>6} {p50:>14.2f} {p95:>8.2f} {f50:>14.2f}")
+            rows.append(f"| {policy} | {ready} | {p50:.2f} | {p95:.2f} | {f50:.2f} |")
+    for ready in READY_COUNTS:
+        costs = masa_tight_costs_us(ready, decisions // 4, seed=ready)
+        p50 = statistics.median(costs)
+        p95 = float(np.percentile(costs, 95))
+        print(f"{'masa-tight':<12} {ready:>6} {p50:>14.2f} {p95:>8.2f} {'-':>14}")
+        rows.append(f"| masa, EXECs do not fit | {ready} | {p50:.2f} | {p95:.2f} | - |")
+
+    sim_rows: list[str] = []
+    for policy in POLICIES:
+        jobs_per_s, task_count = simulator_throughput(sim_jobs, policy)
+        print(f"simulator {policy}: {sim_jobs} jobs ({task_count} tasks): "
+              f"{jobs_per_s:,.0f} jobs/s, {jobs_per_s * 60:,.0f} tasks/s")
+        sim_rows.append(f"| {policy} | {sim_jobs} | {task_count} | {jobs_per_s:,.0f} | "
+                        f"{jobs_per_s * 60:,.0f} |")
+
+    machine = f"{platform.machine()}, Python {platform.python_version()}"
+    text = "\n".join([
+        "# Scheduler decision cost",
+        "",
+        f"Measured by `python benchmarks/bench_decision.py{' --quick' if args.quick else ''}`"
+        f" on {machine} (2 shared cores; other work was running, so treat the "
+        "figures as upper bounds).",
+        "",
+        "A decision is one `masa.core.select()` that dispatches one task to the one idle "
+        "worker (policy pick + state transition + ledger reservation); `finish()` of that "
+        "task is timed separately. N tasks are ready (half EXEC, half LOAD, seeded random "
+        "footprints), topped up as they are consumed. `masa, EXECs do not fit`: every "
+        "EXEC is larger than free memory, so each decision looks at both heaps and "
+        "dispatches a LOAD. Target: median <= 20 us at 1,000 ready tasks.",
+        "",
+        "| policy | ready tasks | select median (us) | select p95 (us) | finish median (us) |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "Heaps keyed by (footprint, order, id) make each decision O(log n): going from "
+        "10 to 1,000 ready tasks adds only a few heap levels.",
+        "",
+        "## Simulator throughput",
+        "",
+        "Jobs of three 10-stage chain networks (60 tasks per job), one job every 40 ms, "
+        "2 workers, 64 MiB budget, simulated end to end (`simulate_graph`).",
+        "",
+        "| policy | jobs | tasks | jobs/s | tasks/s |",
+        "|---|---:|---:|---:|---:|",
+        *sim_rows,
+        "",
+    ])
+    atomic_write_text(Path(args.out), text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
