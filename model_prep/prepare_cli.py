@@ -31,6 +31,7 @@ from masa.progress import ProgressBar
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.split import (
     DEFAULT_MAX_CUT_TENSORS,
+    check_model_file,
     check_network_name,
     default_network_name,
     parse_input_shape,
@@ -72,7 +73,7 @@ def prepare_network(
     when stderr is a terminal. Raises UserError on bad input or a failed
     verify, leaving the store untouched.
     """
-    model_path = Path(model_path)
+    model_path = check_model_file(model_path)  # before the store is created
     name = check_network_name(name) if name is not None else default_network_name(model_path)
     store = Path(store_dir)
     final_dir = store / name

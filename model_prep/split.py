@@ -90,11 +90,7 @@ SplitProgress = Callable[[int, int, str], None]  # (stages written, total, stage
 
 def load_model(model_path: str | Path) -> onnx.ModelProto:
     """Read and sanity-check an ONNX file (with its external data); UserError if bad."""
-    path = Path(model_path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file (expected an ONNX model)")
-    if not path.is_file():
-        raise UserError(f"{path}: not a file (expected an ONNX model)")
+    path = check_model_file(model_path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as exc:
@@ -114,6 +110,16 @@ def load_model(model_path: str | Path) -> onnx.ModelProto:
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: cannot read its external data: {_one_line(exc)}") from None
     return model
+
+
+def check_model_file(model_path: str | Path) -> Path:
+    """The path, if it names an existing file; UserError otherwise."""
+    path = Path(model_path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file (expected an ONNX model)")
+    if not path.is_file():
+        raise UserError(f"{path}: not a file (expected an ONNX model)")
+    return path
 
 
 def _check_structure(graph: onnx.GraphProto, path: Path) -> None:
