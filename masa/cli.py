@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "model_prep.profile_cli",
     "workloads.workload_cli",
     "masa.run_cli",
+    "masa.demo_cli",
 )
 
 
