@@ -129,6 +129,9 @@ class _Lane:
         self._ready: dict[str, list[_Entry]] = {}
         self._open_tasks: dict[str, int] = {}
         self._open_loads: dict[str, int] = {}
+        # A group enters the heap with its first ready task, so groups that have
+        # not arrived yet are never scanned while the lane waits for arrivals.
+        self._queued: set[str] = set()
 
     def added(self, state: SchedulerState, info: TaskInfo) -> None:
         group = info.task.group
@@ -136,16 +139,18 @@ class _Lane:
             self._open_tasks[group] = 0
             self._open_loads[group] = 0
             self._ready[group] = []
-            heapq.heappush(self._groups, (state.groups[group].key, group))
         self._open_tasks[group] += 1
         if info.task.kind is TaskKind.LOAD:
             self._open_loads[group] += 1
 
-    def ready(self, info: TaskInfo) -> None:
+    def ready(self, state: SchedulerState, info: TaskInfo) -> None:
         task = info.task
+        group = task.group
+        if group not in self._queued:
+            self._queued.add(group)
+            heapq.heappush(self._groups, (state.groups[group].key, group))
         phase = 0 if task.kind is TaskKind.LOAD else 1
-        heapq.heappush(self._ready[task.group],
-                       (phase, task.order, task.task_id, info.ready_epoch))
+        heapq.heappush(self._ready[group], (phase, task.order, task.task_id, info.ready_epoch))
 
     def ended(self, info: TaskInfo) -> None:
         group = info.task.group
@@ -163,6 +168,7 @@ class _Lane:
             if self._open_tasks[group] == 0:
                 heapq.heappop(self._groups)
                 del self._open_tasks[group], self._open_loads[group], self._ready[group]
+                self._queued.discard(group)
                 continue
             info = state.groups[group]
             if (group in state.gated or info.status is not GroupStatus.ACTIVE
@@ -203,7 +209,7 @@ class BulkPolicy:
         self._lane.added(state, info)
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
-        self._lane.ready(info)
+        self._lane.ready(state, info)
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
         self._lane.running += 1
@@ -240,7 +246,7 @@ class DeepEyePolicy:
         self._lane(info).added(state, info)
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
-        self._lane(info).ready(info)
+        self._lane(info).ready(state, info)
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
         self._lane(info).running += 1

@@ -164,6 +164,10 @@ class _Simulation:
         self.drain()
 
     def drain(self) -> None:
+        pending = self.state.events
+        if not (pending.newly_cancelled or pending.ended_groups or pending.released_locks
+                or pending.released_bytes):
+            return
         events = take_events(self.state)
         self.record_cancelled(events.newly_cancelled)
         self.notify(events.ended_groups)
