@@ -20,17 +20,14 @@ from masa.simulator import simulate_graph
 from model_prep.manifest import NetworkManifest, load_store_network
 from model_prep.verify import random_feeds, run_stages, run_whole_model
 from workloads.schema import JobSpec
-from workloads.zoo import write_zoo
 
 NETWORKS = ("agenet", "googlenet")
 MIB = 2**20
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("store")
-    write_zoo(path, list(NETWORKS), scale=0.05, profile=False)
-    return path
+def store(small_zoo_store: Path) -> Path:
+    return small_zoo_store
 
 
 @pytest.fixture(scope="module")
