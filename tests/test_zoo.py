@@ -140,10 +140,6 @@ def test_unknown_name_is_a_user_error_listing_the_zoo() -> None:
 # ---------------------------------------------------------------- write_zoo and `masa zoo`
 
 
-class _Interrupt(Exception):
-    """Raised from a progress callback to interrupt write_zoo part-way."""
-
-
 def _store_entries(store: Path) -> list[str]:
     return sorted(p.name for p in store.iterdir())
 
@@ -182,27 +178,31 @@ def test_write_zoo_profiles_every_stage(tmp_path: Path) -> None:
         assert stage.profile.exec_runs == 2
 
 
-def test_write_zoo_replaces_a_network_and_an_interrupt_leaves_the_store_as_it_was(
-        tmp_path: Path) -> None:
+def test_write_zoo_replaces_a_network_and_leaves_nothing_else(tmp_path: Path) -> None:
     store = tmp_path / "store"
     (first,) = write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=1)
-    (second,) = write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=2)
+    (second,) = write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=2,
+                          verify=True)
     assert second.source_sha256 != first.source_sha256
-    assert _store_entries(store) == ["gendernet"]
+    assert _store_entries(store) == ["gendernet"]  # no staging or old copy left
+    assert _store_entries(store / "gendernet") == ["manifest.yaml", "source.onnx", "stages"]
+
+
+def test_write_zoo_failing_to_prepare_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    write_zoo(store, ["agenet"], scale=0.05, profile=False)
+    squatter = store / "tinyyolo"  # not a prepared network: must not be replaced
+    squatter.mkdir()
+    (squatter / "notes.txt").write_text("mine")
     before = {p.relative_to(store): p.read_bytes() for p in store.rglob("*") if p.is_file()}
-
-    def interrupt_after_two_stages(network: str, done: int, total: int, item: str) -> None:
-        if done == 2:
-            raise _Interrupt(network)
-
-    with pytest.raises(_Interrupt):
-        write_zoo(store, ["gendernet"], scale=0.05, profile=False, seed=3,
-                  split_progress=interrupt_after_two_stages)
-    with pytest.raises(_Interrupt):
-        write_zoo(store, ["gendernet"], scale=0.05, profile=True, seed=3, profile_runs=1,
-                  profile_progress=interrupt_after_two_stages)
+    with pytest.raises(UserError, match="tinyyolo"):
+        write_zoo(store, ["agenet", "tinyyolo"], scale=0.05, profile=False, seed=5)
     after = {p.relative_to(store): p.read_bytes() for p in store.rglob("*") if p.is_file()}
-    assert after == before
+    # agenet (done before the failure) was rebuilt with the new seed; nothing else changed
+    assert {k for k in after if k.parts[0] != "agenet"} == {
+        k for k in before if k.parts[0] != "agenet"}
+    assert after[Path("tinyyolo/notes.txt")] == b"mine"
+    assert _store_entries(store) == ["agenet", "tinyyolo"]
 
 
 def test_write_zoo_into_a_file_is_a_user_error(tmp_path: Path) -> None:

@@ -452,8 +452,7 @@ def save_model(name: str, path: str | Path, scale: float = 1.0, seed: int = 0) -
 # ---------------------------------------------------------------- the store
 
 SOURCE_NAME = "source.onnx"  # the whole zoo model, kept beside its stages
-
-ZooProgress = Callable[[str, int, int, str], None]  # (network, done, total, stage id)
+_STAGING_PREFIX = ".zoo-"
 
 
 def write_zoo(
@@ -464,80 +463,55 @@ def write_zoo(
     seed: int = 0,
     *,
     profile_runs: int | None = None,
-    split_progress: ZooProgress | None = None,
-    profile_progress: ZooProgress | None = None,
+    verify: bool = False,
+    show_progress: bool | None = False,
 ) -> list[NetworkManifest]:
-    """Build, split (and profile) zoo networks into `store_dir/NAME/`.
+    """Build zoo networks and prepare each into `store_dir/NAME/` (split, profile).
 
-    Each network is built in a staging directory inside the store (whole model
-    saved as `source.onnx`, split with `model_prep.split.split_model`, profiled
-    with `model_prep.profile.profile_network`) and only then renamed to
-    `store_dir/NAME`, replacing an earlier version: an error or an interrupt
-    leaves the store as it was. Returns the manifests as loaded (and validated)
-    from their final place, in the order of `names`.
+    Preparation is `model_prep.prepare_cli.prepare_network` (split, optional
+    verify against the whole model, optional profile, all in a temporary
+    directory, then renamed into place, replacing an earlier version: an error
+    or an interrupt leaves the store's networks as they were). The whole model
+    is then kept as `NAME/source.onnx` and the manifest's source path names it.
+    show_progress: None draws progress bars when stderr is a terminal.
+    Returns the manifests as loaded (and validated) from their final place, in
+    the order of `names` (all nine when empty).
     """
-    from model_prep.split import split_model
+    from model_prep.prepare_cli import prepare_network
 
     chosen = check_names(names) if names else list(ZOO_NAMES)
     scale = check_scale(scale)
     store = Path(store_dir)
+    if store.exists() and not store.is_dir():
+        raise UserError(f"--store {store}: expected a directory, found a file")
     try:
         store.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.TemporaryFile(dir=store)
-        probe.close()
     except OSError as exc:
-        raise UserError(f"{store}: cannot write the store here ({exc.strerror or exc})") from None
+        raise UserError(f"--store {store}: cannot create the store directory: "
+                        f"{exc.strerror or exc}") from None
     manifests = []
     for name in chosen:
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.zoo-", dir=store))
+        for stale in store.glob(f"{_STAGING_PREFIX}{name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted write_zoo
         try:
-            source = staging / SOURCE_NAME
-            save_model(name, source, scale, seed)
-            network_dir = staging / name
-            progress = _bind(split_progress, name)
-            manifest = split_model(source, network_dir, name, progress=progress)
-            final_dir = store / name
-            # The whole model lives on beside its stages (masa prepare --verify and
-            # benchmarks compare against it); the manifest names its final path.
+            # In the store, so the whole model is renamed (not copied) into place.
+            staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{name}-", dir=store))
+        except OSError as exc:
+            raise UserError(f"--store {store}: cannot write the store: "
+                            f"{exc.strerror or exc}") from None
+        try:
+            source = save_model(name, staging / f"{name}.onnx", scale, seed)
+            prepared = prepare_network(source, store, name, profile=profile,
+                                       profile_runs=profile_runs, verify=verify, seed=seed,
+                                       show_progress=show_progress)
+            network_dir = prepared.manifest.directory
             os.replace(source, network_dir / SOURCE_NAME)
-            manifest = replace(manifest, source_path=str((final_dir / SOURCE_NAME).resolve()))
-            if profile:
-                manifest = _profile(manifest, profile_runs, _bind(profile_progress, name))
-            write_manifest(manifest, network_dir / MANIFEST_NAME)
-            _swap_into_place(network_dir, final_dir, staging)
+            write_manifest(replace(prepared.manifest,
+                                   source_path=str((network_dir / SOURCE_NAME).resolve())),
+                           network_dir / MANIFEST_NAME)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         manifests.append(load_manifest(store / name))
-        log.info("zoo: wrote %s (%d stages, scale %g)", store / name,
-                 len(manifests[-1].stages), scale)
+        log.info("zoo: wrote %s (%d stages, scale %g, seed %d)", store / name,
+                 len(manifests[-1].stages), scale, seed)
     return manifests
-
-
-def _bind(progress: ZooProgress | None, name: str) -> Callable[[int, int, str], None] | None:
-    if progress is None:
-        return None
-    return lambda done, total, item: progress(name, done, total, item)
-
-
-def _profile(manifest: NetworkManifest, runs: int | None,
-             progress: Callable[[int, int, str], None] | None) -> NetworkManifest:
-    from model_prep.profile import profile_network
-
-    if runs is None:
-        profiles, runtime_base = profile_network(manifest, progress=progress)
-    else:
-        profiles, runtime_base = profile_network(manifest, runs, progress=progress)
-    return manifest.with_profiles(profiles, runtime_base)
-
-
-def _swap_into_place(network_dir: Path, final_dir: Path, staging: Path) -> None:
-    """Rename the finished network into the store, moving an old version aside first."""
-    old = staging / "previous"
-    if final_dir.exists():
-        os.replace(final_dir, old)
-    try:
-        os.replace(network_dir, final_dir)
-    except BaseException:
-        if old.exists() and not final_dir.exists():
-            os.replace(old, final_dir)
-        raise
