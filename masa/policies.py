@@ -43,9 +43,9 @@ class MasaPolicy:
     of the preferred kind runs anyway (progress rule, recorded as over-commit).
 
     Admission (our addition, on by default): a LOAD that would start a network
-    instance (no task of its group has started) is held back while the
-    smallest LOAD of an already started network does not fit, and the progress
-    rule prefers continuing a started network over starting a new one.
+    instance (no task of its group has started yet) runs only if the smallest
+    ready LOAD of the already started networks would still fit next to it, and
+    the progress rule prefers continuing a started network over starting one.
     Without it, under sustained overload the smallest LOADs are always the
     first stages of newly arrived networks: they take every freed byte, the
     started networks' larger stages starve, and the progress rule keeps
@@ -98,9 +98,10 @@ class MasaPolicy:
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
         load_fits = load_top is not None and load_top[0] <= free_bytes
-        # Admission: no network starts while a started one waits for memory.
-        fresh_fits = (fresh_top is not None and fresh_top[0] <= free_bytes
-                      and (load_top is None or load_fits))
+        # Admission: a network starts only if the smallest waiting LOAD of the
+        # started networks still fits next to it.
+        fresh_fits = fresh_top is not None and fresh_top[0] + (
+            0 if load_top is None else load_top[0]) <= free_bytes
         if load_fits and (not fresh_fits or load_top <= fresh_top):  # type: ignore[operator]
             return heapq.heappop(self._loads)[-2]
         if fresh_fits:
