@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,9 +111,10 @@ def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
     return bound
 
 
-def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
-               ) -> dict[str, np.ndarray]:
-    """Run every stage in manifest order; return the network's outputs by name.
+def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
+               keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+    """Run every stage in manifest order; return the network's outputs by name
+    (and the stage-boundary tensors named in `keep`).
 
     One session at a time, dropped right after its run; an intermediate tensor
     is dropped after its last consuming stage. The heap is trimmed once at the
@@ -126,6 +127,11 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
         raise UserError(f"network {manifest.name!r}: missing input(s) {', '.join(missing)} "
                         f"(expected {', '.join(s.name for s in manifest.inputs)})")
     output_names = [spec.name for spec in manifest.outputs]
+    boundary = {spec.name for stage in manifest.stages for spec in stage.outputs}
+    unknown = sorted(set(keep) - boundary - set(feeds))
+    if unknown:
+        raise UserError(f"network {manifest.name!r}: {', '.join(unknown)} not a stage output")
+    output_names += [name for name in keep if name not in output_names]
     last_use: dict[str, int] = {}
     for index, stage in enumerate(manifest.stages):
         for spec in stage.inputs:
@@ -148,10 +154,13 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
 
 
 def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
-                    feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                    feeds: Mapping[str, np.ndarray], extra_outputs: Sequence[str] = ()
+                    ) -> dict[str, np.ndarray]:
     """One run of the source model, as the splitter read it, on the given inputs.
 
-    The model runs from a temporary copy when the stages would otherwise be
+    Returns the model outputs, plus the intermediate tensors `extra_outputs`
+    (which makes it run from a copy that exposes them). The model also runs
+    from a temporary copy when the stages would otherwise be
     compared with something else: when `--input-shape` changed the input
     shapes (the declared ones would reject the inputs), or when an IR >= 4
     model lists initializers as graph inputs. ONNX Runtime treats those as
@@ -161,6 +170,8 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
     2e-5 relative) although both compute the same function.
     """
     output_names = [spec.name for spec in manifest.outputs]
+    extra = [name for name in extra_outputs if name not in output_names]
+    output_names += extra
     model = onnx.load(str(model_path), load_external_data=False)
     graph = model.graph
     initializer_names = {t.name for t in graph.initializer}
@@ -168,7 +179,7 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
     wanted = {spec.name: spec.shape for spec in manifest.inputs}
     reshaped = any(i.name in wanted and _declared_shape(i) != wanted[i.name]
                    for i in graph.input if i.name not in initializer_names)
-    if not overridable and not reshaped:
+    if not overridable and not reshaped and not extra:
         del model
         return _run_once(model_path, output_names, feeds)
     external_data_helper.load_external_data_for_model(model, str(Path(model_path).parent))
@@ -189,6 +200,7 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
         del graph.value_info[:]
         for value in graph.output:
             value.type.tensor_type.ClearField("shape")
+    graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
     with tempfile.TemporaryDirectory(prefix="masa-verify-") as temp_dir:
         path = Path(temp_dir) / "whole.onnx"
         weight_bytes = sum(tensor_bytes_estimate(t) for t in graph.initializer)
@@ -255,17 +267,19 @@ def verify_network(
     check: bool = True,
     dim_value: int = 1,
     feeds: Mapping[str, np.ndarray] | None = None,
+    extra_tensors: Sequence[str] = (),
 ) -> VerifyResult:
     """Stages vs whole model on one seeded random input (or on `feeds`).
 
-    Dynamic dims of the random input take `dim_value`. With `check` (the
-    default) a mismatch raises UserError naming the output; otherwise the
-    result says so (`result.ok`).
+    Dynamic dims of the random input take `dim_value`. `extra_tensors` names
+    stage-boundary tensors to compare as well (found by pinpointing which stage
+    diverges). With `check` (the default) a mismatch raises UserError naming
+    the tensor; otherwise the result says so (`result.ok`).
     """
     if feeds is None:
         feeds = random_feeds(manifest.inputs, rng, dim_value)
-    staged = run_stages(manifest, feeds)
-    whole = run_whole_model(model_path, manifest, feeds)
+    staged = run_stages(manifest, feeds, keep=extra_tensors)
+    whole = run_whole_model(model_path, manifest, feeds, extra_outputs=extra_tensors)
     result = VerifyResult(
         network=manifest.name,
         stage_count=len(manifest.stages),
