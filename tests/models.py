@@ -4,8 +4,9 @@ Each builder returns a checked `onnx.ModelProto` covering one thing a splitter
 or executor must handle: where the weights live (initializers, Constant nodes,
 IR 3 initializers listed as graph inputs, ConstantOfShape), multi-output
 stages, skip connections and branches, control flow reading outer tensors,
-model-local functions in a custom domain, LSTM, MatMul with and without a
-weight operand, a wide fan-out, dynamic batch dims. Any engineer's tests may
+model-local functions in a custom domain, an ONNX Runtime contrib op that
+onnx cannot type, LSTM, MatMul with and without a weight operand, a wide
+fan-out, dynamic batch dims. Any engineer's tests may
 import them; `save` writes one to a file.
 """
 
@@ -269,6 +270,31 @@ def weightless(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(nodes, [_image("x", size=4)], [_float_out("y")], [bias], "weightless")
 
 
+def contrib_op(rng: np.random.Generator) -> onnx.ModelProto:
+    """An ONNX Runtime contrib op (com.microsoft Gelu) that onnx cannot type.
+
+    Shape inference leaves the Gelu output untyped, so the cut after it is
+    refused and its stage merged with the next.
+    """
+    inits = [_weights(rng, "w1", 4, 3, 3, 3), _weights(rng, "w2", 4, 4, 3, 3),
+             _weights(rng, "w3", 2, 4, 3, 3)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Gelu", ["c2"], ["g2"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Conv", ["g2", "w3"], ["y"], name="conv3", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(nodes, "contrib_op", [_image("x")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                             [1, 2, 16, 16])], inits)
+    model = helper.make_model(graph, ir_version=IR_VERSION, producer_name="masa-tests",
+                              opset_imports=[helper.make_opsetid("", OPSET),
+                                             helper.make_opsetid("com.microsoft", 1)])
+    onnx.checker.check_model(model)
+    return model
+
+
 ALL_BUILDERS = {
     "conv_chain": conv_chain,
     "constant_nodes": constant_node_weights,
@@ -282,4 +308,5 @@ ALL_BUILDERS = {
     "matmul_attention": matmul_attention,
     "wide_fanout": wide_fanout,
     "weightless": weightless,
+    "contrib_op": contrib_op,
 }

@@ -140,6 +140,7 @@ EXPECTED_LAYERS = {
     "matmul_attention": ["fc", "fc"],
     "wide_fanout": ["conv"] * 8,
     "weightless": ["other"],
+    "contrib_op": ["conv", "conv"],
 }
 
 
@@ -230,6 +231,15 @@ def test_custom_domain_and_functions_are_preserved(tmp_path: Path) -> None:
     assert {(o.domain, o.version) for o in first.opset_import} == set(manifest.opsets)
     assert [f.name for f in first.functions] == ["ScaleShift"]
     assert manifest.stages[0].op_types == ("Conv", "ScaleShift")
+
+
+def test_untyped_tensor_is_never_cut(tmp_path: Path) -> None:
+    _, manifest = _split(tmp_path, models.contrib_op(_rng()), "contrib")
+    first, merged = manifest.stages
+    assert first.op_types == ("Conv", "Relu")
+    assert merged.op_types == ("Conv", "Gelu")
+    assert "could not type 'g2'" in merged.note
+    assert ("com.microsoft", 1) in manifest.opsets
 
 
 def test_wide_fanout_keeps_a_larger_stage_and_says_why(tmp_path: Path) -> None:
