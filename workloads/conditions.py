@@ -15,6 +15,9 @@ functions on numpy arrays (no eval, no I/O, no clocks):
 - input transforms for a downstream network: built-in `crop_best_box` (crop
   the job input to the best-scoring detector box, resize to the downstream's
   input shape) or `call: "package.module:func"`;
+- user callables named either way or by a Python file, "rules.py:func"
+  (`resolve_callable`, `callable_reference`): a file path is relative to the
+  workload file, so an example directory can carry its own code;
 - `fit_to_input` / `random_input`: turning an image or random data into a
   tensor of a network's input shape.
 
@@ -24,9 +27,12 @@ Upstream outputs everywhere are ``Mapping[network, Mapping[tensor, ndarray]]``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,7 +65,7 @@ class Condition:
     class_ids: tuple[int, ...] = ()  # argmax_in
     column: int | None = None  # read only this index of the last axis (a score column)
     probability: float | None = None
-    call: str | None = None  # "package.module:func"
+    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
 
 
 @dataclass(frozen=True)
@@ -72,29 +78,96 @@ class Transform:
     scores: str | None = None  # tensor [..., N]; None: column 4 of `boxes`
     coords: str = "pixels"  # pixels of the job input, or normalized to [0, 1]
     margin: float = 0.0  # grow the box by this fraction of its size on every side
-    call: str | None = None  # "package.module:func"
+    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
 
 
 # ------------------------------------------------------------ user callables
 
 
-def resolve_callable(spec: str) -> Callable[..., Any]:
-    """Import "package.module:func". Raises ValueError saying what is wrong."""
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"expected 'package.module:function', got {spec!r}")
+CALLABLE_FORMS = "'package.module:function' or 'file.py:function'"
+# Prefix of the sys.modules names of user files, so they never shadow a real module.
+_FILE_MODULE_PREFIX = "_masa_user_file_"
+
+
+def _split_callable(spec: str) -> tuple[str, str]:
+    # rpartition: a file path may contain ':', a function name never does.
+    target, sep, attribute = spec.rpartition(":")
+    if not sep or not target or not attribute:
+        raise ValueError(f"expected {CALLABLE_FORMS}, got {spec!r}")
+    return target, attribute
+
+
+def _is_file_target(target: str) -> bool:
+    return target.endswith(".py")
+
+
+def callable_reference(spec: str, base_dir: Path | None = None) -> str:
+    """The spec with a relative "file.py" made absolute against base_dir.
+
+    Workload loaders store this form in Condition.call / Transform.call, so
+    the callable resolves the same at run time whatever the working directory.
+    "package.module:func" is returned unchanged. Raises ValueError if malformed.
+    """
+    target, attribute = _split_callable(spec)
+    if not _is_file_target(target):
+        return spec
+    path = Path(target).expanduser()
+    if not path.is_absolute():
+        path = (base_dir if base_dir is not None else Path.cwd()) / path
+    return f"{path.resolve()}:{attribute}"
+
+
+def _load_file_module(path: Path) -> Any:
+    """Import a Python file once per process, under a name unique to its path."""
+    if not path.is_file():
+        raise ValueError(f"no Python file {str(path)!r}")
+    name = f"{_FILE_MODULE_PREFIX}{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running it, as the import system does: dataclasses and
+    # pickling look their module up in sys.modules while it executes.
+    sys.modules[name] = module
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"cannot import module {module_name!r}: {error}") from None
-    target: Any = module
+        spec.loader.exec_module(module)
+    except Exception as error:  # any failure in user code is a bad workload entry
+        del sys.modules[name]
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot import {str(path)!r}: {type(error).__name__}: "
+                         f"{first_line}") from None
+    return module
+
+
+def resolve_callable(spec: str, base_dir: Path | None = None) -> Callable[..., Any]:
+    """Import "package.module:func" or load "path/to/file.py:func".
+
+    A file path ends in ".py"; a relative one is taken from base_dir (the
+    workload file's directory; default the working directory). The file is
+    executed once per process and cached. Raises ValueError saying what is wrong.
+    """
+    target, attribute = _split_callable(spec)
+    if _is_file_target(target):
+        path = Path(callable_reference(spec, base_dir).rpartition(":")[0])
+        module = _load_file_module(path)
+        where = f"file {str(path)!r}"
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise ValueError(f"cannot import module {target!r}: {error}") from None
+        where = f"module {target!r}"
+    found: Any = module
     for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
+        if not hasattr(found, part):
+            raise ValueError(f"{where} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    if not callable(found):
         raise ValueError(f"{spec!r} is not callable")
-    return target
+    return found
 
 
 # ---------------------------------------------------------------- predicates

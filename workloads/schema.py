@@ -35,12 +35,14 @@ from workloads.arrivals import (
 )
 from workloads.conditions import (
     BOX_COORDS,
+    CALLABLE_FORMS,
     PREDICATE_KINDS,
     TENSOR_PREDICATE_KINDS,
     Condition,
     Transform,
     UpstreamOutputs,
     apply_transform,
+    callable_reference,
     conditions_hold,
     fit_to_input,
     input_rng,
@@ -185,7 +187,7 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     name = errors.get(raw, "name", str, "", required=False, default=source.stem)
     description = errors.get(raw, "description", str, "", required=False, default="")
 
-    nodes = _parse_graph(errors, raw.get("graph"))
+    nodes = _parse_graph(errors, raw.get("graph"), source.parent)
     manifests = _store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
     if manifests:
         _check_outputs(errors, nodes, manifests)
@@ -263,7 +265,9 @@ def _string_list(errors: ErrorCollector, value: Any, path: str) -> tuple[str, ..
     return ()
 
 
-def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
+def _parse_graph(errors: ErrorCollector, raw: Any, base_dir: Path | None = None
+                 ) -> list[NetworkNode]:
+    """The job graph's nodes in file order. base_dir: where `call:` files are."""
     if raw is None:
         errors.add("graph", "missing field, expected a mapping of network names")
         return []
@@ -300,12 +304,13 @@ def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
             items = raw_when if is_list else [raw_when]
             for index, item in enumerate(items):
                 item_path = f"{path}.when[{index}]" if is_list else f"{path}.when"
-                condition = _parse_condition(errors, item, item_path, known_after)
+                condition = _parse_condition(errors, item, item_path, known_after, base_dir)
                 if condition is not None:
                     when.append(condition)
         transform = None
         if entry.get("input") is not None:
-            transform = _parse_transform(errors, entry["input"], f"{path}.input", known_after)
+            transform = _parse_transform(errors, entry["input"], f"{path}.input", known_after,
+                                         base_dir)
         nodes.append(NetworkNode(name=str(name), after=known_after, when=tuple(when),
                                  transform=transform))
     return nodes
@@ -344,8 +349,23 @@ def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None 
     return float(value)
 
 
+def _parse_callable(errors: ErrorCollector, value: Any, path: str,
+                    base_dir: Path | None) -> str | None:
+    """A `call:` / transform callable, checked now and stored so it resolves anywhere."""
+    if not isinstance(value, str):
+        errors.add(path, f"expected {CALLABLE_FORMS}, got {value!r}")
+        return None
+    try:
+        reference = callable_reference(value, base_dir)
+        resolve_callable(reference)
+    except ValueError as error:
+        errors.add(path, str(error))
+        return None
+    return reference
+
+
 def _parse_condition(errors: ErrorCollector, raw: Any, path: str,
-                     after: tuple[str, ...]) -> Condition | None:
+                     after: tuple[str, ...], base_dir: Path | None = None) -> Condition | None:
     if not isinstance(raw, dict):
         errors.add(path, f"expected a predicate mapping such as {{max_above: 0.5}}, got {raw!r}")
         return None
@@ -389,36 +409,28 @@ def _parse_condition(errors: ErrorCollector, raw: Any, path: str,
     elif kind == "probability":
         fields["probability"] = _number(errors, value, key_path, low=0.0, high=1.0)
     elif kind == "call":
-        if not isinstance(value, str):
-            errors.add(key_path, f"expected 'package.module:function', got {value!r}")
-        else:
-            try:
-                resolve_callable(value)
-            except ValueError as error:
-                errors.add(key_path, str(error))
-            fields["call"] = value
+        fields["call"] = _parse_callable(errors, value, key_path, base_dir)
     if len(errors.problems) > before or network is None:
         return None
     return Condition(kind=kind, network=network, output=output, column=column, **fields)
 
 
 def _parse_transform(errors: ErrorCollector, raw: Any, path: str,
-                     after: tuple[str, ...]) -> Transform | None:
+                     after: tuple[str, ...], base_dir: Path | None = None) -> Transform | None:
     if not isinstance(raw, dict) or "transform" not in raw:
-        errors.add(path, f"expected {{transform: crop_best_box | 'package.module:function', "
-                   f"...}}, got {raw!r}")
+        errors.add(path, f"expected {{transform: crop_best_box | 'package.module:function' | "
+                   f"'file.py:function', ...}}, got {raw!r}")
         return None
     name = raw["transform"]
     before = len(errors.problems)
     if isinstance(name, str) and ":" in name:
         _unknown_keys(errors, raw, {"transform"}, path)
-        try:
-            resolve_callable(name)
-        except ValueError as error:
-            errors.add(f"{path}.transform", str(error))
-        return Transform(kind="call", call=name) if len(errors.problems) == before else None
+        call = _parse_callable(errors, name, f"{path}.transform", base_dir)
+        if call is None or len(errors.problems) > before:
+            return None
+        return Transform(kind="call", call=call)
     if name != "crop_best_box":
-        errors.add(f"{path}.transform", f"expected crop_best_box or 'package.module:function', "
+        errors.add(f"{path}.transform", f"expected crop_best_box or {CALLABLE_FORMS}, "
                    f"got {name!r}")
         return None
     _unknown_keys(errors, raw, {"transform", "network", "boxes", "scores", "coords", "margin"},
