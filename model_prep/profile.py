@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import multiprocessing.connection
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -263,12 +264,16 @@ class _Worker:
         hint = " (out of memory?)" if code == -9 else ""
         raise ProfileError(f"profiling worker {how}{hint} while {doing}")
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker: politely between stages, or (kill) mid-stage after an error."""
         if self.process.poll() is None:
-            try:
-                self._conn.send(("quit",))
-            except OSError:
-                pass
+            if kill:
+                self.process.kill()
+            else:
+                try:
+                    self._conn.send(("quit",))
+                except OSError:
+                    pass
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -439,6 +444,11 @@ def profile_network(
                     worker = None
                 if progress is not None:
                     progress(done + 1, len(jobs), job.stage_id)
+        except BaseException:
+            if worker is not None:  # possibly mid-stage: do not wait for it
+                worker.close(kill=True)
+                worker = None
+            raise
         finally:
             if worker is not None:
                 observed_phases += worker.observed_phases
@@ -478,9 +488,13 @@ _WORKER_COMMAND = ("import sys; from model_prep.profile import _worker_entry; "
 
 def _worker_entry(argv: list[str]) -> None:
     """`python -c` entry point: argv is (socket fd, throwaway model path, kernel peak 0/1)."""
+    # Ctrl-C is the supervisor's to handle: it closes or kills this worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = multiprocessing.connection.Connection(int(argv[0]))
     try:
         _worker_main(conn, argv[1], argv[2] == "1")
+    except (EOFError, OSError):
+        pass  # the supervisor is gone or closed the connection: nothing to report to
     finally:
         conn.close()
 
