@@ -52,6 +52,9 @@ class RunSettings:
     memory_budget_bytes: int = 512 * 2**20
     memory_source: str = "model"
     intra_op_threads: int = 1
+    # Real runs: keep every network's outputs in RunOutcome.outputs (by group).
+    # Off by default: long runs would otherwise hold every job's results.
+    keep_outputs: bool = False
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -236,7 +239,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         inputs_for,
         RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
                       policy=settings.policy, memory_source=settings.memory_source,
-                      intra_op_threads=settings.intra_op_threads, keep_outputs=False),
+                      intra_op_threads=settings.intra_op_threads,
+                      keep_outputs=settings.keep_outputs),
         context=controller,
         job_networks={job.job_id: job.networks for job in prepared.jobs},
         transform_networks=transform_networks,
