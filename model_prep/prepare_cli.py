@@ -243,6 +243,9 @@ def _prepare_command(args: argparse.Namespace) -> int:
     if not getattr(args, "quiet", False):
         for line in stage_summary(manifest):
             print(line)
+        for stage in manifest.stages:
+            if stage.note:
+                print(f"* {stage.stage_id}: {stage.note}")
     print(f"prepared {manifest.name}: {len(manifest.stages)} stages in {manifest.directory} "
           f"(split {prepared.split_time_s:.2f} s"
           + (f", profile {prepared.profile_time_s:.1f} s" if prepared.profile_time_s else "")

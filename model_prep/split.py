@@ -32,6 +32,7 @@ weights exceed the protobuf limit are written with external data.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import re
@@ -427,8 +428,6 @@ def analyse_graph(graph: onnx.GraphProto) -> GraphAnalysis:
 def _topological_order(count: int, reads: dict[int, list[str]], producer: dict[str, int]
                        ) -> list[int]:
     """Kahn's algorithm, always taking the lowest index: file order when already sorted."""
-    import heapq
-
     consumers: dict[int, list[int]] = {i: [] for i in range(count)}
     waiting = [0] * count
     for index in range(count):
