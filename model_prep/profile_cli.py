@@ -12,8 +12,8 @@ import argparse
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
+from masa.progress import ProgressBar
 from masa.units import format_bytes
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     network_dir = Path(args.network)
     manifest = load_manifest(network_dir)
-    progress = _Progress(manifest.name)
+    progress = _Progress(manifest.name, quiet=getattr(args, "quiet", False))
     try:
         profiles, runtime_base = profile_network(
             manifest, runs=args.runs, isolation=args.isolation, seed=args.seed,
@@ -92,38 +92,34 @@ def profile_table(manifest: NetworkManifest) -> Iterable[str]:
         if profile is None:
             yield f"{head} {'(not profiled)':>8}"
             continue
+        # sampling_interval_us 0: not sampled, the sampled fields repeat VmHWM.
+        sampled = profile.sampling_interval_us > 0
         yield (f"{head} {profile.load_time_us / 1000:>8.2f} {profile.exec_time_us / 1000:>8.2f} "
-               f"{_pair(profile.load_peak_bytes, profile.sampled_load_peak_bytes):>16} "
+               f"{_pair(profile.load_peak_bytes, profile.sampled_load_peak_bytes, sampled):>16} "
                f"{_mib(profile.resident_bytes):>8} "
-               f"{_pair(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes):>16}")
+               f"{_pair(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes, sampled):>16}")
 
 
 def _mib(memory_bytes: int) -> str:
     return f"{memory_bytes / 2**20:.2f}"
 
 
-def _pair(exact_bytes: int, sampled_bytes: int) -> str:
-    return f"{_mib(exact_bytes)} ({_mib(sampled_bytes)})"
+def _pair(exact_bytes: int, sampled_bytes: int, sampled: bool) -> str:
+    return f"{_mib(exact_bytes)} ({_mib(sampled_bytes)})" if sampled else _mib(exact_bytes)
 
 
 class _Progress:
     """The shared progress bar on a terminal, else one log line per stage."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, quiet: bool):
         self.name = name
-        self.bar: Any = None
-        try:
-            from masa.progress import ProgressBar
-        except ImportError:  # the bar is a nicety: the log still reports progress
-            return
-        self.bar = ProgressBar(f"profile {name}")
+        self.bar = ProgressBar(f"profile {name}", enabled=False if quiet else None)
 
     def __call__(self, done: int, total: int, stage_id: str) -> None:
-        if self.bar is not None and self.bar.enabled:
+        if self.bar.enabled:
             self.bar.update(done, total, stage_id)
         else:
             log.info("profiled %s/%s (%d/%d)", self.name, stage_id, done, total)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
