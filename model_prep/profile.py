@@ -6,9 +6,11 @@ network one at a time in a fresh worker process and returns one
 `StageProfile` per stage plus the `RuntimeBase` the worker paid once.
 
 Per stage, in the worker:
-- load: `create_session(path)` (file read + session creation), timed once;
-- resident: RSS increase that stays after the load (after gc + malloc_trim);
-- exec peak: the first run on the freshly loaded session, which is what the
+- load peak: `create_session(path)` (file read + session creation) observed
+  by both peak methods below; the session is dropped;
+- load time and resident size: one more load that nobody observes (the busy
+  sampler slows loads), then the RSS increase that stays after gc + trim;
+- exec peak: the first run on a freshly loaded session, which is what the
   scheduler runs (load, one exec, unload); exec time: median of `runs` further
   runs after that warm-up, on seeded random inputs (dynamic dims -> 1).
 Every memory figure is an increase over the RSS just before the operation,
@@ -20,14 +22,19 @@ thread reading the worker's /proc/PID/statm as fast as it can; that thread
 lives in the *supervising* process because ONNX Runtime holds the GIL during
 session creation, so a sampling thread inside the worker would be frozen for
 exactly the load it should observe. The supervisor and worker handshake around
-each measured operation so the sampler is already running when it starts.
-Where clear_refs is not permitted the VmHWM figures fall back to the sampled
-peak, and the log says so.
+each observed operation so the sampler is already running when it starts, and
+the supervisor asks for the operation again (keeping the largest figures)
+while the sampler was descheduled for longer than a limit. Where clear_refs is
+not permitted the VmHWM figures fall back to the sampled peak, and the log
+says so.
 
 Isolation: `isolation="recycle"` (default) profiles every stage in one worker,
-dropping the session and trimming the heap between stages; `"process"` spawns
+dropping the session and trimming the heap between stages; `"process"` starts
 one worker per stage. Both pay the runtime base (imports + a throwaway first
-session) before measuring anything; docs/profiling.md compares the two.
+session) before measuring anything, and both run with glibc's mmap threshold
+pinned (masa.session.pin_malloc_threshold), without which a recycled worker's
+history changed load peaks by up to 1x the weights; docs/profiling.md compares
+the two.
 """
 
 from __future__ import annotations
