@@ -70,7 +70,8 @@ def build_report(
 
     job_arrivals_us: job id -> arrival; default: the earliest release of its tasks.
     network_status: group -> done/failed/skipped/aborted, overriding the status
-      derived from the schedule (context-aware execution knows skipped vs aborted).
+      derived from the schedule (context-aware execution knows skipped vs aborted);
+      other values (the core's "cancelled") are ignored.
     measured_memory: (time_us, bytes) samples of measured memory (RSS, cgroup).
     reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
       from the schedule with masa.checker.memory_profile.
@@ -106,7 +107,9 @@ def build_report(
         entries = entries_by_group.get(group, [])
         job = jobs[job_of_group[group]]
         status = _network_status(entries, len(tasks_by_group[group]))
-        if network_status and group in network_status:
+        # Overrides outside the report's vocabulary (the core's "cancelled",
+        # "active") keep the status derived from the schedule.
+        if network_status and network_status.get(group) in NETWORK_STATUSES:
             status = network_status[group]
         ran = [e for e in entries if e.worker >= 0]
         load_us = sum(e.end_us - e.start_us for e in ran

@@ -262,6 +262,7 @@ def test_report_statuses_responses_and_trace(tmp_path: Path) -> None:
     report = build_report(graph, result.schedule, workers=2, memory_budget_bytes=1000,
                           policy="masa", over_commits=result.over_commits,
                           measured_memory=[(0, 100), (50, 300)],
+                          network_status=result.group_status,  # core words: ignored
                           network_reason=result.group_reason)
     statuses = {n["group"]: n["status"] for job in report["jobs"] for n in job["networks"]}
     assert statuses == {"j0/n0": "done", "j0/n1": "aborted", "j0/n2": "skipped",
