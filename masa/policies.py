@@ -20,13 +20,16 @@ from masa.taskgraph import TaskKind
 _Entry = tuple
 
 
+_READY = TaskState.READY  # a plain global: enum attribute access is slow in 3.11
+
+
 def _valid_top(state: SchedulerState, heap: list[_Entry]) -> _Entry | None:
     """The heap's smallest entry that is still a ready task, dropping stale ones."""
     tasks = state.tasks
     while heap:
         entry = heap[0]
         info = tasks[entry[-2]]
-        if info.state is TaskState.READY and info.ready_epoch == entry[-1]:
+        if info.state is _READY and info.ready_epoch == entry[-1]:
             return entry
         heapq.heappop(heap)
     return None
