@@ -45,22 +45,32 @@ class MasaPolicy:
     memory none does. If nothing fits and no worker is busy, the smallest task
     of the preferred kind runs anyway (progress rule, recorded as over-commit).
 
-    Admission (our addition, on by default): a LOAD that would start a network
-    instance (no task of its group has started yet) runs only if the smallest
-    ready LOAD of the already started networks would still fit next to it, and
-    the progress rule prefers continuing a started network over starting one.
-    Without it, under sustained overload the smallest LOADs are always the
-    first stages of newly arrived networks: they take every freed byte, the
-    started networks' larger stages starve, and the progress rule keeps
-    starting new networks whose held tensors pile up far above the budget
-    (docs/scheduling.md, "Admission"). `admission=False` is the paper's rule.
+    Two additions of ours, both on by default; `MasaPolicy(admission=False,
+    headroom=False)` is the paper's rule (docs/scheduling.md has the figures):
+
+    - admission: a LOAD that would start a network instance (no task of its
+      group has started yet) runs only if the smallest ready LOAD of the
+      already started networks would still fit next to it, and the progress
+      rule prefers continuing a started network over starting one. Without
+      it, under sustained load the smallest LOADs are always the first stages
+      of newly arrived networks: they take every freed byte, the started
+      networks' larger stages starve, and the progress rule keeps starting
+      new networks whose held tensors pile up far above the budget.
+    - headroom: a LOAD fits only if, besides its own footprint, free memory
+      still holds the largest EXEC footprint among stages whose LOAD has
+      started but whose EXEC has not (and its own stage's EXEC). Otherwise
+      loads fill memory to the brim, the EXEC they exist for cannot start, and
+      the progress rule over-commits. Only the smallest LOAD is tested, which
+      keeps a decision O(log n).
     """
 
     name = "masa"
     memory_aware = True
 
-    def __init__(self, admission: bool = True) -> None:
+    def __init__(self, admission: bool = True, headroom: bool = True) -> None:
         self.admission = admission
+        self.headroom = headroom
+        self._pending_exec_needs: list[tuple[int, str]] = []  # (-footprint, exec id)
         self._execs: list[_Entry] = []
         self._loads: list[_Entry] = []  # LOADs of started networks (all LOADs without admission)
         self._fresh: list[_Entry] = []  # LOADs that would start a network
@@ -79,10 +89,31 @@ class MasaPolicy:
         heapq.heappush(heap, (info.footprint_bytes, task.order, task.task_id, info.ready_epoch))
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
-        pass
+        if self.headroom and info.task.kind is TaskKind.LOAD:
+            for successor in info.successors:
+                successor_info = state.tasks[successor]
+                if successor_info.task.kind is not TaskKind.LOAD:
+                    heapq.heappush(self._pending_exec_needs,
+                                   (-successor_info.footprint_bytes, successor))
 
     def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
         pass
+
+    def _exec_need(self, state: SchedulerState) -> int:
+        """Largest footprint of an EXEC whose LOAD has started but which has not started."""
+        heap = self._pending_exec_needs
+        while heap:
+            negative_need, task_id = heap[0]
+            if state.tasks[task_id].state in (TaskState.PENDING, _READY):
+                return -negative_need
+            heapq.heappop(heap)
+        return 0
+
+    def _own_need(self, state: SchedulerState, task_id: str) -> int:
+        """Largest footprint among the EXECs that directly wait for this LOAD."""
+        tasks = state.tasks
+        return max((tasks[successor].footprint_bytes for successor in tasks[task_id].successors
+                    if tasks[successor].task.kind is not TaskKind.LOAD), default=0)
 
     def _fresh_top(self, state: SchedulerState) -> _Entry | None:
         """Smallest LOAD of a network not started yet (moving ones started meanwhile)."""
@@ -100,11 +131,20 @@ class MasaPolicy:
         # First, as it moves LOADs of networks started meanwhile into self._loads.
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
-        load_fits = load_top is not None and load_top[0] <= free_bytes
+        free_for_load = free_for_fresh = free_bytes
+        if self.headroom:
+            # A LOAD must leave room for the largest EXEC of a loaded-but-not-run
+            # stage (and for its own EXEC), or the EXECs it exists for cannot run.
+            exec_need = self._exec_need(state)
+            if load_top is not None:
+                free_for_load -= max(exec_need, self._own_need(state, load_top[-2]))
+            if fresh_top is not None:
+                free_for_fresh -= max(exec_need, self._own_need(state, fresh_top[-2]))
+        load_fits = load_top is not None and load_top[0] <= free_for_load
         # Admission: a network starts only if the smallest waiting LOAD of the
         # started networks still fits next to it.
         fresh_fits = fresh_top is not None and fresh_top[0] + (
-            0 if load_top is None else load_top[0]) <= free_bytes
+            0 if load_top is None else load_top[0]) <= free_for_fresh
         if load_fits and (not fresh_fits or load_top <= fresh_top):  # type: ignore[operator]
             return heapq.heappop(self._loads)[-2]
         if fresh_fits:

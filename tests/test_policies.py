@@ -277,3 +277,17 @@ def test_masa_admission_bounds_memory_under_overload() -> None:
     assert paper.peak_reserved_bytes > 2 * budget_bytes
     assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=budget_bytes,
                           allowed_over_commits=[o.task_id for o in result.over_commits]) == []
+
+
+def test_masa_headroom_keeps_room_for_the_exec_of_a_loaded_stage() -> None:
+    """Two stages' residents fit (60 + 35) but not with the first EXEC's 10 bytes."""
+    graph = chain_network(0, 0, [60, 35], exec_bytes=5, output_bytes=5)
+    brim = simulate_graph(graph, policy=MasaPolicy(headroom=False), workers=2,
+                          memory_budget_bytes=100)
+    assert brim.dispatch_order[:2] == ("j0/n0/s0/load", "j0/n0/s1/load")
+    assert [o.task_id for o in brim.over_commits][:1] == ["j0/n0/s0/exec"]
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=100)
+    assert result.dispatch_order == ("j0/n0/s0/load", "j0/n0/s0/exec", "j0/n0/s1/load",
+                                     "j0/n0/s1/exec")
+    assert result.over_commits == () and result.peak_reserved_bytes <= 100
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=100) == []
