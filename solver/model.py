@@ -47,6 +47,7 @@ class SolveOptions:
     symmetry_breaking: bool = True  # order identical networks (and workers, paper form.)
     redundant: bool = True  # energy and release-window bounds, tightened domains
     decompose: bool = True  # split by release time when earlier jobs finish in time
+    split_locks: bool = False  # chain locks on task intervals (measured slower: off)
     log_search: bool = False
 
 
@@ -339,8 +340,29 @@ def _build(instance: Instance, options: SolveOptions,
     lock_intervals: list[cp_model.IntervalVar] = []
     lock_demands: list[int] = []
     lock_sizes: list[tuple[int, cp_model.IntVar]] = []
+    energy_offset = 0
+    # Lock memory carried by the fixed-size task intervals themselves (see below).
+    carried: dict[str, int] = dict.fromkeys(duration, 0)
     for lock in graph.locks:
         if lock.memory_bytes == 0:
+            continue
+        if (options.redundant and options.split_locks and len(lock.until_tasks) == 1
+                and lock.from_task in ancestors[lock.until_tasks[0]]):
+            # Split [start(from), end(until)) into from's own interval, the gap
+            # [end(from), start(until)) and until's own interval. Same memory,
+            # but most of it now sits on fixed-size intervals, which the
+            # cumulative propagates (time-tabling, edge finding) far better.
+            until = lock.until_tasks[0]
+            carried[lock.from_task] += lock.memory_bytes
+            carried[until] += lock.memory_bytes
+            gap_start = starts[lock.from_task] + duration[lock.from_task]
+            size = model.new_int_var(0, horizon, f"lock_gap_{lock.lock_id}")
+            model.add(size == starts[until] - gap_start)
+            lock_intervals.append(model.new_interval_var(
+                gap_start, size, starts[until], f"lock_{lock.lock_id}"))
+            lock_demands.append(lock.memory_bytes)
+            lock_sizes.append((lock.memory_bytes, size))
+            energy_offset += lock.memory_bytes * (duration[lock.from_task] + duration[until])
             continue
         start = starts[lock.from_task]
         ends = [starts[u] + duration[u] for u in lock.until_tasks]
@@ -386,8 +408,9 @@ def _build(instance: Instance, options: SolveOptions,
         model.add_cumulative(list(intervals.values()), [1] * len(tasks), workers)
 
     # Memory: direct memory while running plus locked memory.
-    memory_intervals = [intervals[t.task_id] for t in tasks if t.memory_bytes > 0]
-    memory_demands = [t.memory_bytes for t in tasks if t.memory_bytes > 0]
+    demand = {t.task_id: t.memory_bytes + carried[t.task_id] for t in tasks}
+    memory_intervals = [intervals[t] for t, need in demand.items() if need > 0]
+    memory_demands = [need for need in demand.values() if need > 0]
     if memory_intervals or lock_intervals:
         model.add_cumulative(memory_intervals + lock_intervals,
                              memory_demands + lock_demands, instance.memory)
@@ -410,7 +433,7 @@ def _build(instance: Instance, options: SolveOptions,
         for clique in conflict_cliques(graph, instance.memory, limit=len(tasks)):
             model.add_no_overlap([intervals[t] for t in clique])
         # Memory energy: what is held, integrated over time, fits under the budget.
-        energy = sum(t.memory_bytes * duration[t.task_id] for t in tasks)
+        energy = sum(t.memory_bytes * duration[t.task_id] for t in tasks) + energy_offset
         if lock_sizes or energy:
             model.add(sum(m * size for m, size in lock_sizes) + energy
                       <= instance.memory * makespan_var)
