@@ -1,0 +1,521 @@
+"""Policy comparison: Masa vs Bulk vs DeepEye on the paper's five scenarios (issue 3, 6b).
+
+Owns the `masa compare`-equivalent benchmark: for each scenario (small, mixed,
+lifelogging, stochastic1, stochastic2) and memory budget (512 MiB, 1 GiB,
+2 GiB), the same jobs run under each policy, simulated (many jobs) and for real
+(few jobs: every job loads hundreds of MB of layers at scale 1), and the script
+prints and writes (docs/bench-compare.md, PNG plots) the mean job response per
+policy, Masa's gain over Bulk and DeepEye, and peak reserved / measured memory,
+next to the paper's figures.
+
+Load. The scenarios' default rates are placeholders, so arrivals are set from an
+offered load rho: rho = arrival rate x expected job work / workers, where job
+work is the sum of the profiled LOAD + EXEC durations of the job's networks
+(what one worker alone would spend). rho = 1 saturates the workers if the
+policy keeps both busy all the time. The paper's traffic intensity (rate x mean
+network time) is reported next to it: intensity = rho x workers / networks per
+job. Simulations also sweep rho, because "who wins" depends on it.
+
+Run:  python benchmarks/bench_compare.py --store /work/zoo1
+      python benchmarks/bench_compare.py --store /tmp/benchstore --simulate-only
+The helpers (scenario_jobs, run_policies, machine_note, ...) are shared with
+benchmarks/bench_context.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from masa.atomic import atomic_write_bytes, atomic_write_text
+from masa.jobs import network_time_us
+from masa.runner import (
+    PreparedRun,
+    RunSettings,
+    execute,
+    load_manifests,
+    outcome_report,
+    prepare_run,
+)
+from masa.units import parse_memory_bytes
+from workloads.arrivals import US_PER_S, with_rate
+from workloads.schema import JobSpec, Workload, generate_jobs, load_workload, scenario_path
+
+SCENARIOS = ("small", "mixed", "lifelogging", "stochastic1", "stochastic2")
+POLICIES = ("masa", "bulk", "deepeye")
+BUDGETS = ("512MiB", "1GiB", "2GiB")
+# Real runs: few jobs, fewer for the scenarios whose jobs load >1 GB of layers.
+REAL_JOBS = {"small": 8, "mixed": 4, "lifelogging": 4, "stochastic1": 8, "stochastic2": 4}
+# The paper's reported gains of Masa (Cox et al. 2021/2022), as quoted in issue 3.
+PAPER_GAIN = {
+    "small": "<= -30% vs Bulk at 512 MiB",
+    "mixed": "<= -30% vs Bulk at 512 MiB",
+    "lifelogging": "<= -30% vs Bulk at 512 MiB",
+    "stochastic1": "up to -90% at 512 MiB-1 GiB",
+    "stochastic2": "(no figure quoted)",
+}
+MIB = 2**20
+
+
+# ------------------------------------------------------------------ workloads
+
+
+def networks_per_job(workload: Workload) -> float:
+    """Expected number of networks in one job, from the workload's composition."""
+    count = len(workload.networks)
+    composition = workload.composition
+    if composition.kind == "one":
+        return 1.0
+    if composition.kind == "subset":
+        high = composition.max_size if composition.max_size is not None else count
+        return (composition.min_size + high) / 2  # uniform size, uniform subset
+    return float(count)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadInfo:
+    """The arrival rate behind one run, in the three units people quote."""
+
+    rho: float  # offered load: rate x expected job work / workers
+    rate_per_s: float
+    intensity: float  # the paper's: rate x mean network time (LOAD + EXEC)
+    job_work_us: float  # expected profiled work of one job
+    mean_network_us: float
+
+
+def scenario_jobs(store: Path, scenario: str, rho: float, count: int, workers: int,
+                  seed: int | None = None) -> tuple[Workload, list[JobSpec], LoadInfo]:
+    """The scenario's first `count` jobs with arrivals set for offered load `rho`."""
+    workload = load_workload(scenario_path(scenario), store_dir=store)
+    manifests = load_manifests(store, workload.networks)
+    mean_network_us = float(np.mean([network_time_us(manifests[name])
+                                     for name in workload.networks]))
+    job_work_us = mean_network_us * networks_per_job(workload)
+    rate_per_s = rho * workers * US_PER_S / job_work_us
+    arrivals = dataclasses.replace(with_rate(workload.arrivals, rate_per_s), count=count)
+    if seed is not None:
+        arrivals = dataclasses.replace(arrivals, seed=seed)
+    workload = dataclasses.replace(workload, arrivals=arrivals)
+    info = LoadInfo(rho=rho, rate_per_s=rate_per_s,
+                    intensity=rate_per_s * mean_network_us / US_PER_S,
+                    job_work_us=job_work_us, mean_network_us=mean_network_us)
+    return workload, generate_jobs(workload), info
+
+
+def warm_page_cache(store: Path, networks: Sequence[str]) -> int:
+    """Read every stage file once so no policy pays a cold disk read the others don't."""
+    total_bytes = 0
+    for name in networks:
+        for path in sorted((store / name / "stages").glob("*.onnx")):
+            total_bytes += len(path.read_bytes())
+    return total_bytes
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def job_phases_us(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """Mean wait (arrival -> first task start) and mean span (first start -> finish).
+
+    Separates queueing from interleaving: a FIFO policy makes jobs wait, then
+    finishes each quickly; a policy that interleaves many jobs starts them at
+    once and stretches each.
+    """
+    waits: list[int] = []
+    spans: list[int] = []
+    for job in report["jobs"]:
+        starts = [n["start_us"] for n in job["networks"] if n["start_us"] is not None]
+        if not starts or job["finish_us"] is None or job["status"] == "failed":
+            continue
+        waits.append(min(starts) - job["arrival_us"])
+        spans.append(job["finish_us"] - min(starts))
+    if not waits:
+        return None, None
+    return float(np.mean(waits)), float(np.mean(spans))
+
+
+def summarise(report: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
+    """The figures this benchmark reports from one run's report dict."""
+    summary = report["summary"]
+    wait_us, span_us = job_phases_us(report)
+    aborted_bytes = sum(n["loaded_bytes"] for job in report["jobs"] for n in job["networks"]
+                        if n["status"] == "aborted")
+    statuses: dict[str, int] = {}
+    for job in report["jobs"]:
+        for network in job["networks"]:
+            statuses[network["status"]] = statuses.get(network["status"], 0) + 1
+    return {
+        "jobs": summary["jobs"],
+        "jobs_failed": summary["jobs_failed"],
+        "mean_us": summary["response_us"]["mean"],
+        "p50_us": summary["response_us"]["p50"],
+        "p95_us": summary["response_us"]["p95"],
+        "makespan_us": summary["makespan_us"],
+        "busy_us": summary["busy_us"],
+        "utilisation": summary["worker_utilisation"],
+        "peak_reserved_bytes": summary["peak_reserved_bytes"],
+        "peak_measured_bytes": summary["peak_measured_bytes"],
+        "over_commits": summary["over_commits"],
+        "wasted_us": summary["wasted_us"],
+        "aborted_loaded_bytes": aborted_bytes,
+        "network_status": statuses,
+        "wait_us": wait_us,
+        "span_us": span_us,
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def run_policies(prepared: PreparedRun, policies: Sequence[str], budget_bytes: int,
+                 workers: int, simulate: bool) -> dict[str, dict[str, Any]]:
+    """One run per policy on the same prepared jobs: {policy: summarise(...)}."""
+    results: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        start_s = time.perf_counter()
+        outcome = execute(prepared, RunSettings(policy=policy, workers=workers,
+                                                memory_budget_bytes=budget_bytes),
+                          simulate=simulate)
+        wall_s = time.perf_counter() - start_s
+        results[policy] = summarise(outcome_report(outcome), wall_s)
+        if not simulate:
+            results[policy]["live_sessions_after"] = outcome.live_sessions_after
+            results[policy]["final_reserved_bytes"] = outcome.final_reserved_bytes
+            results[policy]["loadavg_after"] = round(os.getloadavg()[0], 2)
+    return results
+
+
+def gain_pct(masa_us: float | None, other_us: float | None) -> float | None:
+    """Masa's mean response relative to another policy's (negative: Masa faster)."""
+    if masa_us is None or not other_us:
+        return None
+    return 100.0 * (masa_us / other_us - 1.0)
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def ms(value_us: float | None) -> str:
+    return "-" if value_us is None else f"{value_us / 1000:.0f}"
+
+
+def mib(value_bytes: float | None) -> str:
+    return "-" if value_bytes is None else f"{value_bytes / MIB:.0f}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0f}%"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_note() -> str:
+    cpus = os.cpu_count()
+    try:
+        mem_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text()
+                       .splitlines() if line.startswith("MemTotal:"))
+        memory = f"{mem_kib / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        memory = "unknown RAM"
+    return (f"{platform.machine()} Linux, {cpus} cores, {memory}, Python "
+            f"{platform.python_version()}; the cores were shared with other engineers' "
+            f"builds and tests while this ran (1-min load average is recorded per real run), "
+            f"so real timings are noisy. No cgroup memory limit was applied: the budget is "
+            f"the ledger's, so memory-oblivious policies are not penalised for exceeding it.")
+
+
+def figure_png(figure: Any) -> bytes:  # noqa: ANN401 - a matplotlib Figure
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def pyplot() -> Any:  # noqa: ANN401 - the matplotlib.pyplot module
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ------------------------------------------------------------------- the bench
+
+
+def result_rows(results: list[dict[str, Any]], policies: Sequence[str]) -> list[list[str]]:
+    rows = []
+    for entry in results:
+        by_policy = entry["policies"]
+        masa_mean = by_policy.get("masa", {}).get("mean_us")
+        row = [entry["scenario"], entry["budget"], "sim" if entry["simulated"] else "real",
+               str(entry["jobs"]), f"{entry['load']['rho']:.2f}",
+               f"{entry['load']['intensity']:.2f}"]
+        row += [ms(by_policy[p]["mean_us"]) for p in policies]
+        row += [pct(gain_pct(masa_mean, by_policy[p]["mean_us"]))
+                for p in policies if p != "masa"]
+        row += [mib(by_policy[p]["peak_reserved_bytes"]) for p in policies]
+        row += [mib(by_policy[p]["peak_measured_bytes"]) for p in policies]
+        row.append("/".join(str(by_policy[p]["over_commits"]) for p in policies))
+        rows.append(row)
+    return rows
+
+
+def result_header(policies: Sequence[str]) -> list[str]:
+    header = ["scenario", "budget", "mode", "jobs", "rho", "intensity"]
+    header += [f"{p} mean ms" for p in policies]
+    header += [f"masa vs {p}" for p in policies if p != "masa"]
+    header += [f"{p} peak rsv MiB" for p in policies]
+    header += [f"{p} peak meas MiB" for p in policies]
+    header.append("over-commits " + "/".join(policies))
+    return header
+
+
+def phase_rows(results: list[dict[str, Any]], policies: Sequence[str]) -> list[list[str]]:
+    rows = []
+    for entry in results:
+        row = [entry["scenario"], entry["budget"], "sim" if entry["simulated"] else "real"]
+        for policy in policies:
+            figures = entry["policies"][policy]
+            row.append(f"{ms(figures['wait_us'])} / {ms(figures['span_us'])}")
+        for policy in policies:
+            row.append(f"{100 * entry['policies'][policy]['utilisation']:.0f}%")
+        rows.append(row)
+    return rows
+
+
+def sweep_plot(sweep: list[dict[str, Any]], scenarios: Sequence[str], budgets: Sequence[str],
+               policies: Sequence[str], path: Path) -> None:
+    plt = pyplot()
+    figure, axes = plt.subplots(len(budgets), len(scenarios), squeeze=False,
+                                figsize=(3.2 * len(scenarios), 2.6 * len(budgets)))
+    for row, budget in enumerate(budgets):
+        for column, scenario in enumerate(scenarios):
+            axis = axes[row][column]
+            entries = sorted((e for e in sweep if e["scenario"] == scenario
+                              and e["budget"] == budget), key=lambda e: e["load"]["rho"])
+            for policy in policies:
+                axis.plot([e["load"]["rho"] for e in entries],
+                          [(e["policies"][policy]["mean_us"] or 0) / 1e6 for e in entries],
+                          marker="o", markersize=3, label=policy)
+            axis.set_yscale("log")
+            axis.set_title(f"{scenario}, {budget}", fontsize=9)
+            if row == len(budgets) - 1:
+                axis.set_xlabel("offered load rho")
+            if column == 0:
+                axis.set_ylabel("mean response (s)")
+            axis.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7)
+    figure.suptitle("Simulated mean job response vs offered load (scale-1 zoo profiles)",
+                    fontsize=10)
+    figure.tight_layout()
+    atomic_write_bytes(path, figure_png(figure))
+
+
+def gain_plot(results: list[dict[str, Any]], policies: Sequence[str], path: Path) -> None:
+    plt = pyplot()
+    others = [p for p in policies if p != "masa"]
+    modes = [m for m in (True, False) if any(e["simulated"] is m for e in results)]
+    figure, axes = plt.subplots(len(modes), 1, squeeze=False,
+                                figsize=(max(6.0, 0.55 * len(results) / len(modes) + 2), 3.2
+                                         * len(modes)))
+    for row, simulated in enumerate(modes):
+        axis = axes[row][0]
+        entries = [e for e in results if e["simulated"] is simulated]
+        x = np.arange(len(entries))
+        width = 0.8 / max(1, len(others))
+        for index, other in enumerate(others):
+            gains = [gain_pct(e["policies"]["masa"]["mean_us"],
+                              e["policies"][other]["mean_us"]) or 0.0 for e in entries]
+            axis.bar(x + (index - (len(others) - 1) / 2) * width, gains, width,
+                     label=f"masa vs {other}")
+        axis.axhline(0, color="black", linewidth=0.6)
+        axis.axhline(-30, color="tab:red", linestyle=":", linewidth=0.8,
+                     label="paper: -30% vs bulk")
+        axis.set_xticks(x, [f"{e['scenario']}\n{e['budget']}" for e in entries], fontsize=6)
+        axis.set_ylabel("mean response change (%)")
+        axis.set_title("simulated" if simulated else "real", fontsize=9)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    atomic_write_bytes(path, figure_png(figure))
+
+
+def write_markdown(path: Path, args: argparse.Namespace, command: str,
+                   results: list[dict[str, Any]], sweep: list[dict[str, Any]],
+                   policies: Sequence[str], elapsed_s: float) -> None:
+    lines = [
+        "# Policy comparison: Masa vs Bulk vs DeepEye (issue 3, section 6)",
+        "",
+        f"Produced by `{command}` in {elapsed_s / 60:.1f} min.",
+        "",
+        f"Machine: {machine_note()}",
+        "",
+        f"Store: `{args.store}`. The zoo models are structure/cost replicas of the paper's "
+        "networks with random weights (docs/zoo.md): their sizes and compute are the "
+        "originals', their outputs are meaningless. Durations in simulation are the "
+        "store's profiled LOAD/EXEC times; real runs execute the ONNX Runtime stages on "
+        f"{args.workers} worker threads with the arrival times in real time.",
+        "",
+        "Load: arrivals are set from the offered load rho = arrival rate x expected job "
+        "work / workers, job work being the profiled LOAD + EXEC time of the job's "
+        "networks; `intensity` is the paper's traffic intensity (rate x mean network "
+        "time, LOAD included) for the same rate. Real runs contend for the 2 shared cores, "
+        "so their effective load is higher than rho.",
+        "",
+        "Columns: mean job response (arrival to last network finished) per policy; "
+        "`masa vs X` = masa mean / X mean - 1 (negative: Masa faster); peak reserved = "
+        "the ledger's peak (memory-oblivious Bulk/DeepEye reserve too, so their "
+        "over-budget peaks show); peak measured = process RSS above the run's baseline "
+        "(real runs only); over-commits = progress-rule dispatches above the budget.",
+        "",
+        f"## Headline: rho = {args.rho}",
+        "",
+        markdown_table(result_header(policies), result_rows(results, policies)),
+        "",
+        "Paper (as quoted in issue 3): " + "; ".join(f"{k}: {v}" for k, v in PAPER_GAIN.items())
+        + ".",
+        "",
+        "### Where the time goes: mean wait / mean span per job (ms), utilisation",
+        "",
+        "wait = arrival to the job's first task start; span = first start to finish.",
+        "",
+        markdown_table(["scenario", "budget", "mode"] + [f"{p} wait/span" for p in policies]
+                       + [f"{p} util" for p in policies], phase_rows(results, policies)),
+        "",
+    ]
+    if sweep:
+        sweep_rows = []
+        for entry in sweep:
+            by_policy = entry["policies"]
+            masa_mean = by_policy["masa"]["mean_us"]
+            sweep_rows.append(
+                [entry["scenario"], entry["budget"], f"{entry['load']['rho']:.2f}",
+                 f"{entry['load']['intensity']:.2f}", str(entry["jobs"])]
+                + [ms(by_policy[p]["mean_us"]) for p in policies]
+                + [pct(gain_pct(masa_mean, by_policy[p]["mean_us"]))
+                   for p in policies if p != "masa"]
+                + [f"{by_policy[p]['makespan_us'] / 1e6:.1f}" for p in policies])
+        lines += [
+            "## Simulated sweep over the offered load",
+            "",
+            "![sweep](bench-compare-sweep.png)",
+            "",
+            markdown_table(["scenario", "budget", "rho", "intensity", "jobs"]
+                           + [f"{p} mean ms" for p in policies]
+                           + [f"masa vs {p}" for p in policies if p != "masa"]
+                           + [f"{p} makespan s" for p in policies], sweep_rows),
+            "",
+        ]
+    lines += ["![gains](bench-compare-gains.png)", ""]
+    if args.analysis and Path(args.analysis).is_file():
+        lines += [Path(args.analysis).read_text().rstrip(), ""]
+    atomic_write_text(path, "\n".join(lines))
+
+
+def print_entry(entry: dict[str, Any], policies: Sequence[str]) -> None:
+    by_policy = entry["policies"]
+    masa_mean = by_policy.get("masa", {}).get("mean_us")
+    parts = [f"{p} {ms(by_policy[p]['mean_us'])} ms" for p in policies]
+    gains = [f"vs {p} {pct(gain_pct(masa_mean, by_policy[p]['mean_us']))}"
+             for p in policies if p != "masa"]
+    peaks = [f"{p} {mib(by_policy[p]['peak_reserved_bytes'])}/"
+             f"{mib(by_policy[p]['peak_measured_bytes'])} MiB" for p in policies]
+    print(f"{entry['scenario']:<12} {entry['budget']:>6} {'sim' if entry['simulated'] else 'real'}"
+          f" jobs={entry['jobs']} rho={entry['load']['rho']:.2f}: {', '.join(parts)}; "
+          f"{', '.join(gains)}; peak rsv/meas {', '.join(peaks)}", flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", type=Path, required=True, help="prepared, profiled zoo")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--budgets", default=",".join(BUDGETS))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rho", type=float, default=0.7,
+                        help="offered load of the headline runs (default 0.7)")
+    parser.add_argument("--sweep", default="0.3,0.5,0.7,0.9,1.1",
+                        help="offered loads of the simulated sweep ('' to skip)")
+    parser.add_argument("--sim-jobs", type=int, default=200, help="jobs per simulated run")
+    parser.add_argument("--real-jobs", type=int, default=None,
+                        help=f"jobs per real run (default per scenario: {REAL_JOBS})")
+    parser.add_argument("--simulate-only", action="store_true", help="skip the real runs")
+    parser.add_argument("--out", type=Path, default=Path("docs/bench-compare.md"))
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write every run's figures as JSON here")
+    parser.add_argument("--analysis", type=Path, default=None,
+                        help="Markdown appended to the doc (the interpretation, written "
+                             "after looking at the figures)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python benchmarks/bench_compare.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    policies = [p for p in args.policies.split(",") if p]
+    budgets = [b for b in args.budgets.split(",") if b]
+    sweep_loads = [float(x) for x in args.sweep.split(",") if x]
+    started_s = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
+    modes = [True] if args.simulate_only else [True, False]
+    for scenario in scenarios:
+        for simulated in modes:
+            count = args.sim_jobs if simulated else (args.real_jobs or REAL_JOBS[scenario])
+            workload, jobs, info = scenario_jobs(args.store, scenario, args.rho, count,
+                                                 args.workers)
+            prepared = prepare_run(scenario_path(scenario), args.store, "oblivious", jobs=jobs)
+            if not simulated:
+                warm_page_cache(args.store, workload.networks)
+            for budget in budgets:
+                by_policy = run_policies(prepared, policies, parse_memory_bytes(budget),
+                                         args.workers, simulated)
+                entry = {"scenario": scenario, "budget": budget, "simulated": simulated,
+                         "jobs": len(jobs), "load": dataclasses.asdict(info),
+                         "policies": by_policy}
+                results.append(entry)
+                print_entry(entry, policies)
+        for rho in sweep_loads:
+            workload, jobs, info = scenario_jobs(args.store, scenario, rho, args.sim_jobs,
+                                                 args.workers)
+            prepared = prepare_run(scenario_path(scenario), args.store, "oblivious", jobs=jobs)
+            for budget in budgets:
+                entry = {"scenario": scenario, "budget": budget, "simulated": True,
+                         "jobs": len(jobs), "load": dataclasses.asdict(info),
+                         "policies": run_policies(prepared, policies,
+                                                  parse_memory_bytes(budget), args.workers,
+                                                  True)}
+                sweep.append(entry)
+                print_entry(entry, policies)
+    elapsed_s = time.perf_counter() - started_s
+    docs = args.out.parent
+    if sweep:
+        sweep_plot(sweep, scenarios, budgets, policies, docs / "bench-compare-sweep.png")
+    gain_plot(results, policies, docs / "bench-compare-gains.png")
+    write_markdown(args.out, args, command, results, sweep, policies, elapsed_s)
+    if args.json:
+        atomic_write_text(args.json, json.dumps({"results": results, "sweep": sweep},
+                                                indent=1))
+    print(f"wrote {args.out} ({elapsed_s / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
