@@ -299,6 +299,32 @@ def _is_chain(task_ids: list[str], ancestors: dict[str, set[str]]) -> bool:
                for i, a in enumerate(task_ids) for b in task_ids[i + 1:])
 
 
+def _swappable(graph: TaskGraph, classes: list[list[list[str]]], objective: str
+               ) -> list[list[list[str]]]:
+    """The classes whose groups may be swapped without changing the objective.
+
+    Makespan: all of them. Sum of job response times: swapping two groups of
+    different jobs moves work between jobs, which is harmless only when each
+    is its job's only group; otherwise only groups of the same job are swapped.
+    """
+    if objective == "makespan":
+        return classes
+    groups_of_job: dict[int, set[str]] = {}
+    for task in graph.tasks:
+        groups_of_job.setdefault(task.job_id, set()).add(task.group)
+    result: list[list[list[str]]] = []
+    for groups in classes:
+        jobs = [graph.by_id[g[0]].job_id for g in groups]
+        if len(set(jobs)) == len(jobs) and all(len(groups_of_job[j]) == 1 for j in jobs):
+            result.append(groups)
+            continue
+        by_job: dict[int, list[list[str]]] = {}
+        for job, group in zip(jobs, groups, strict=True):
+            by_job.setdefault(job, []).append(group)
+        result += [same_job for same_job in by_job.values() if len(same_job) > 1]
+    return result
+
+
 # ---------------------------------------------------------------- the model
 
 @dataclass
@@ -439,7 +465,7 @@ def _build(instance: Instance, options: SolveOptions,
                       <= instance.memory * makespan_var)
 
     if options.symmetry_breaking:
-        for groups in identical_groups(graph):
+        for groups in _swappable(graph, identical_groups(graph), options.objective):
             # Any one task position may be ordered across interchangeable
             # networks; order them as the hint does so the hint stays feasible.
             anchor = 0

@@ -491,3 +491,22 @@ def test_masa_optimal_on_a_workload_and_store(tmp_path: Path,
     assert out["segments"] == 2  # the second job arrives a second later
     assert out["heuristic_makespan"] >= out["bound"]
     assert out["best_makespan"] <= out["heuristic_makespan"]
+
+
+def test_response_symmetry_only_swaps_what_keeps_jobs_whole() -> None:
+    """Jobs 0 and 1 both run networks A (4) and B (1); job 0 also runs C (10); 1 worker.
+
+    The A groups of the two jobs are identical (so are the B groups), but
+    swapping A groups across jobs changes the jobs' response times. Optimal
+    sum: job 1 first, A1 B1 ends at 5, then A0 B0 C0 ends at 20: 25. Ordering
+    A0 before A1 (valid for the makespan, wrong here) would force job 1 to end
+    at 9 or later: 29. So no such symmetry breaking may be applied.
+    """
+    tasks = [_task(f"j{j}.{net}", duration, job=j, group=f"j{j}/{net}")
+             for j in (0, 1) for net, duration in (("A", 4), ("B", 1))]
+    tasks.append(_task("j0.C", 10, job=0, group="j0/C"))
+    instance = _instance(tasks, workers=1, memory=1)
+    options = replace(FAST, objective="response")
+    assert len(identical_groups(instance.graph)) == 2
+    assert _solve(instance, options).objective_value == 25
+    assert _solve(instance, replace(options, symmetry_breaking=False)).objective_value == 25
