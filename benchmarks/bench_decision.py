@@ -159,9 +159,9 @@ def admission_rows(jobs: int) -> list[str]:
     rows: list[str] = []
     print(f"{'interval ms':>11} {'budget MiB':>10} {'variant':<18} {'peak MiB':>9} "
           f"{'over-commits':>12} {'mean resp ms':>12}")
-    for interval_us in (40_000, 70_000):
+    for interval_us in (40_000, 60_000, 70_000):
         graph = workload(jobs, interval_us)
-        for budget_mib in (32, 128):
+        for budget_mib in (24, 32, 128):
             for label, policy in (
                     ("paper", MasaPolicy(admission=False, headroom=False)),
                     ("admission", MasaPolicy(admission=True, headroom=False)),
@@ -253,8 +253,8 @@ def main() -> None:
         "",
         "## Admission under overload (masa)",
         "",
-        "The same jobs arriving every 40 ms (faster than they can be served: a job is "
-        "about 122 ms of work, 61 ms on 2 workers) and every 70 ms, at 32 and 128 MiB. "
+        "The same jobs arriving every 40 or 60 ms (faster than they can be served: a job is "
+        "about 122 ms of work, 61 ms on 2 workers) and every 70 ms, at 24, 32 and 128 MiB. "
         "`paper` is Algorithm 1 as published (`MasaPolicy(admission=False, "
         "headroom=False)`); `admission` starts a new network only if the smallest "
         "waiting LOAD of the started networks would still fit next to it; "
