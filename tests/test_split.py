@@ -73,13 +73,13 @@ def test_light_model_split_matches_whole_model(tmp_path: Path, file_name: str) -
 
     # The outputs of most of these are a softmax over identical logits (their
     # generated weights are constant), so also compare what the last stage
-    # reads: the logits, which depend on the input through every layer.
-    logits = [t.name for t in manifest.stages[-1].inputs]
-    result = verify_network(manifest, model_path, _rng(), extra_tensors=logits)
+    # reads, which depends on the input through every earlier layer.
+    features = [t.name for t in manifest.stages[-1].inputs]
+    result = verify_network(manifest, model_path, _rng(), extra_tensors=features)
     assert result.ok and result.stage_count == len(manifest.stages)
     compared = {o.name: o for o in result.outputs}
-    assert set(compared) == {t.name for t in manifest.outputs} | set(logits)
-    assert all(compared[name].max_abs_output > 0 for name in logits)
+    assert set(compared) == {t.name for t in manifest.outputs} | set(features)
+    assert all(compared[name].max_abs_output > 0 for name in features)
 
 
 def test_open_nsfw_keeps_dynamic_batch(tmp_path: Path) -> None:
