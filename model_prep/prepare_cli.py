@@ -42,7 +42,9 @@ from model_prep.verify import VerifyResult, bind_feeds, verify_network
 
 log = logging.getLogger(__name__)
 
-_TEMP_PREFIX = ".prepare-"
+# "~" cannot occur in a network name, so ".prepare~a~*" never matches the
+# temporary directory of network "a-b" (or "a.b").
+_TEMP_PREFIX = ".prepare~"
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def prepare_network(
     _check_store(store, final_dir)
     _remove_stale_temp_dirs(store, name)
     try:
-        work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}-", dir=store))
+        work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}~", dir=store))
     except OSError as exc:
         raise UserError(f"{store}: cannot write the store: {exc.strerror or exc}") from None
     try:
@@ -135,7 +137,7 @@ def _check_store(store: Path, final_dir: Path) -> None:
 
 def _remove_stale_temp_dirs(store: Path, name: str) -> None:
     """What an interrupted prepare of this name left behind (never a DIR/NAME)."""
-    for stale in store.glob(f"{_TEMP_PREFIX}{name}-*"):
+    for stale in store.glob(f"{_TEMP_PREFIX}{name}~*"):
         if stale.is_dir():
             log.info("removing %s, left by an interrupted prepare", stale)
             shutil.rmtree(stale, ignore_errors=True)

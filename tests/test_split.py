@@ -327,12 +327,15 @@ def test_prepare_replaces_an_existing_network_only_when_complete(
 
 def test_prepare_removes_what_an_interrupted_prepare_left(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    stale = store / f"{prepare_cli._TEMP_PREFIX}net-abc123" / "net"
+    stale = store / f"{prepare_cli._TEMP_PREFIX}net~abc123" / "net"
     stale.mkdir(parents=True)
     (stale / "manifest.yaml").write_text("half written")
+    # Another network's work in progress: "net-2" starts with "net".
+    other = store / f"{prepare_cli._TEMP_PREFIX}net-2~xyz789"
+    other.mkdir()
     chain = models.save(models.conv_chain(_rng()), tmp_path, "chain")
     prepare_network(chain, store, "net", profile=False)
-    assert sorted(p.name for p in store.iterdir()) == ["net"]
+    assert sorted(p.name for p in store.iterdir()) == [other.name, "net"]
 
 
 def test_verify_detects_a_wrong_stage(tmp_path: Path) -> None:
