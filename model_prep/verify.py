@@ -71,7 +71,7 @@ def random_feeds(
             raise UserError(f"input {spec.name!r} has an unknown rank: fix its shape with "
                             "--input-shape")
         shape = tuple(d if isinstance(d, int) else dim_value for d in spec.shape)
-        dtype = np.dtype(spec.dtype)
+        dtype = _numpy_dtype(spec)
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
@@ -81,6 +81,14 @@ def random_feeds(
         else:
             raise UserError(f"input {spec.name!r}: cannot make random data of type {spec.dtype}")
     return feeds
+
+
+def _numpy_dtype(spec: TensorSpec) -> np.dtype:
+    try:
+        return np.dtype(spec.dtype)
+    except TypeError:
+        raise UserError(f"input {spec.name!r}: type {spec.dtype} has no NumPy equivalent"
+                        ) from None
 
 
 def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
@@ -100,11 +108,12 @@ def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
                         f"got {', '.join(sorted(bound)) or 'none'}")
     for name, value in bound.items():
         spec = expected[name]
-        if value.dtype != np.dtype(spec.dtype):
+        if value.dtype != _numpy_dtype(spec):
             raise UserError(f"input {name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         fixed = [(d, s) for d, s in zip(spec.shape, value.shape, strict=False)
                  if isinstance(d, int)]
-        if len(spec.shape) != value.ndim or any(d != s for d, s in fixed):
+        unknown_rank = spec.shape[:1] == ("*",)
+        if not unknown_rank and (len(spec.shape) != value.ndim or any(d != s for d, s in fixed)):
             shape_text = "x".join(str(d) for d in spec.shape)
             raise UserError(f"input {name!r}: expected shape {shape_text}, got "
                             f"{'x'.join(str(s) for s in value.shape)}")
