@@ -293,3 +293,45 @@ def test_report_statuses_responses_and_trace(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["traceEvents"][0]["ph"] == "M"
     table = format_table(report)
     assert "n1" in table and "all jobs" in table and "over-commits 0" in table
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
+    """In each job n1 waits for n0 (gated) and n2 is aborted when n0 ends."""
+    aborted_total = 0
+    for seed in range(4):
+        graph = random_workload(seed, jobs=5, max_networks=3)
+        groups = {task.group for task in graph.tasks}
+        gated = [g for g in groups if g.endswith("/n1")]
+
+        finished_first: set[str] = set()  # n2 groups that ended before their n0
+
+        def hook(control: SimulationControl, group: str, status: GroupStatus,
+                 known: set[str] = groups, early: set[str] = finished_first) -> None:
+            job = group.split("/")[0]
+            if group.endswith("/n0"):
+                if f"{job}/n1" in known:
+                    control.open(f"{job}/n1")
+                if f"{job}/n2" in known:
+                    if control.state.groups[f"{job}/n2"].ended:
+                        early.add(f"{job}/n2")
+                    control.cancel(f"{job}/n2", "not needed")
+
+        result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=120,
+                                gated_groups=gated, on_group_end=hook)
+        assert result.unfinished == () and result.final_reserved_bytes == 0
+        for group in groups:
+            aborted = group.endswith("/n2") and group not in finished_first
+            aborted_total += aborted
+            assert result.group_status[group] == ("cancelled" if aborted else "done")
+        entries = {e.task_id: e for e in result.schedule}
+        for group in gated:
+            first_start = min(e.start_us for e in result.schedule
+                              if e.task_id.startswith(group + "/") and e.worker >= 0)
+            upstream_end = max(e.end_us for e in result.schedule
+                               if e.task_id.startswith(group[:-1] + "0/"))
+            assert first_start >= upstream_end
+        assert len(entries) == len(graph.tasks)
+        assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=120,
+                              allowed_over_commits=allowed(result)) == []
+    assert aborted_total > 0
