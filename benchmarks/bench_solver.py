@@ -19,6 +19,7 @@ bounds of what the solver needs alone.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -46,6 +47,7 @@ def _row(evaluation: Evaluation) -> dict[str, Any]:
             "workers": evaluation.instance.workers, "memory": evaluation.instance.memory,
             "status": result.status, "best": result.makespan_us, "bound": result.bound,
             "gap": result.gap, "time_s": round(result.solve_time_s, 2),
+            "dtime": round(result.deterministic_time, 2), "load": round(os.getloadavg()[0], 1),
             "heuristic": evaluation.heuristic_makespan_us,
             "over_commits": len(evaluation.heuristic_over_commits),
             "ratio": evaluation.ratio, "ratio_max": evaluation.ratio_max,
@@ -224,14 +226,17 @@ def _scaling_md(data: dict[str, Any]) -> list[str]:
              "`identical` = copies of one network (symmetry breaking applies); "
              "`arrivals` = one network per job, jobs released at ~80% load "
              "(decomposition by release time applies).", "",
-             "| family | tasks | seed | model | status | best | bound | gap | solve s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "`dtime` = CP-SAT deterministic time (load-independent work units); `load` = "
+             "the machine's 1-minute load average when the solve ended (2 cores).", "",
+             "| family | tasks | seed | model | status | best | bound | gap | solve s | dtime "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         lines.append(f"| {row.get('family', 'distinct')} | {row['tasks']} | {row['seed']} | "
                      f"{row['model']} | {row['status']} | "
                      f"{_fmt(row['best'])} | {_fmt(row['bound'])} | "
                      f"{_fmt(row['gap'] * 100 if row['gap'] is not None else None, 1)}% | "
-                     f"{row['time_s']} |")
+                     f"{row['time_s']} | {row.get('dtime', '-')} | {row.get('load', '-')} |")
     for family in ("distinct", "identical", "arrivals"):
         proven = [r["tasks"] for r in data["rows"] if r["model"] == "full"
                   and r["status"] == "OPTIMAL" and r.get("family", "distinct") == family]

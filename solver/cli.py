@@ -192,6 +192,7 @@ def evaluation_to_dict(evaluation: Evaluation, *, with_schedule: bool = True) ->
         "ratio": evaluation.ratio,
         "ratio_max": None if result.proven else evaluation.ratio_max,
         "solve_time_s": round(result.solve_time_s, 3),
+        "deterministic_time": round(result.deterministic_time, 3),
         "segments": result.segments,
         "hint_used": result.hint_used,
         "heuristic_over_commits": list(evaluation.heuristic_over_commits),

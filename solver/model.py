@@ -66,6 +66,9 @@ class SolveResult:
     schedule: tuple[ScheduledTask, ...] = ()
     segments: int = 1  # independent release-time segments solved
     hint_used: bool = False
+    # CP-SAT's deterministic time (work units, about seconds on an idle core):
+    # comparable across runs on a loaded machine, unlike solve_time_s.
+    deterministic_time: float = 0.0
 
     @property
     def proven(self) -> bool:
@@ -580,7 +583,8 @@ def _solve_one(instance: Instance, options: SolveOptions,
                        formulation=options.formulation, makespan_us=makespan,
                        response_sum_us=responses, objective_value=objective_value,
                        bound=bound, solve_time_s=solver.wall_time, schedule=schedule,
-                       hint_used=hint is not None)
+                       hint_used=hint is not None,
+                       deterministic_time=solver.deterministic_time)
 
 
 # ---------------------------------------------------------------- decomposition
@@ -686,6 +690,7 @@ def solve_instance(instance: Instance, options: SolveOptions | None = None,
 def _combine(instance: Instance, options: SolveOptions, results: list[SolveResult],
              hint_used: bool, complete: bool) -> SolveResult:
     solve_time_s = sum(r.solve_time_s for r in results)
+    deterministic_time = sum(r.deterministic_time for r in results)
     last = results[-1]
     if last.status in ("INFEASIBLE", "UNKNOWN") or not complete:
         bound = None
@@ -696,7 +701,7 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
                            formulation=options.formulation, makespan_us=None,
                            response_sum_us=None, objective_value=None, bound=bound,
                            solve_time_s=solve_time_s, segments=len(results),
-                           hint_used=hint_used)
+                           hint_used=hint_used, deterministic_time=deterministic_time)
     schedule = tuple(sorted((item for r in results for item in r.schedule),
                             key=lambda item: (item.start_us, item.worker, item.task_id)))
     makespan = schedule_makespan(schedule)
@@ -714,4 +719,4 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
                        formulation=options.formulation, makespan_us=makespan,
                        response_sum_us=responses, objective_value=value, bound=bound,
                        solve_time_s=solve_time_s, schedule=schedule, segments=len(results),
-                       hint_used=hint_used)
+                       hint_used=hint_used, deterministic_time=deterministic_time)
