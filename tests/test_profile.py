@@ -8,6 +8,9 @@ Profiling spawns worker processes; the network is profiled once per module.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ from model_prep.manifest import (
     sha256_file,
     write_manifest,
 )
-from model_prep.profile import ProfileError, _random_inputs, profile_network
+from model_prep.profile import ProfileError, StatmSampler, _random_inputs, profile_network
 
 MIB = 1 << 20
 RUNS = 3
@@ -277,3 +280,34 @@ def test_profile_of_a_prepared_zoo_network(tmp_path: Path) -> None:
         assert profile.load_peak_bytes >= profile.resident_bytes, stage
         assert profile.resident_bytes >= stage.weight_bytes - slack_bytes, stage
     assert max(stage.weight_bytes for stage in manifest.stages) >= 4 * MIB
+
+
+_ALLOCATE_ON_REQUEST = """
+import sys
+print("ready", flush=True)
+sys.stdin.readline()
+held = b"x" * (64 << 20)  # written, so resident
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_statm_sampler_sees_another_process_allocate() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _ALLOCATE_ON_REQUEST], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    sampler = StatmSampler(child.pid)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with open(f"/proc/{child.pid}/statm") as statm:
+            base_bytes = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        sampler.begin()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "held"  # the 64 MiB are resident now
+        seen = sampler.end()
+    finally:
+        child.stdin.close()
+        child.wait()
+        sampler.close()
+    assert seen.peak_bytes - base_bytes >= 60 * MIB
+    assert seen.samples >= 2 and seen.median_interval_us > 0
