@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -199,13 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--store", type=Path,
                         help="model store (default: a temporary one, removed afterwards); "
-                             "networks already in it with the same input shape are reused")
+                             "networks already in it with the same input shape are reused "
+                             "as they are (profiled or not)")
     parser.add_argument("--no-profile", action="store_true",
                         help="prepare without profiling (about 40 s faster; the scheduler "
                              "then uses estimated stage costs)")
     parser.add_argument("--memory", default="512MiB", help="memory budget (default 512MiB)")
     parser.add_argument("--workers", type=int, default=2, help="worker threads (default 2)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.no_profile:
+        # Said once here instead of a scheduler warning in the middle of the table.
+        logging.getLogger("masa.jobs").setLevel(logging.ERROR)
     try:
         settings = RunSettings(workers=args.workers,
                                memory_budget_bytes=parse_memory_bytes(args.memory, "--memory"))
@@ -214,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             store = args.store if args.store is not None else Path(scratch) / "store"
             for line in prepare_models(store, profile=not args.no_profile):
                 print(line)
+            if args.no_profile:
+                print("unprofiled stages: the scheduler uses estimated costs and memory")
             print(HEADER)
             for name in (FACE_IMAGE, NO_FACE_IMAGE):
                 for context in CONTEXTS:
