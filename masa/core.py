@@ -606,6 +606,40 @@ def take_events(state: SchedulerState) -> CoreEvents:
     return events
 
 
+def forget_group(state: SchedulerState, group: str) -> bool:
+    """Drop an ended group's tasks, locks and record, so a long-running state stays small.
+
+    Only when every task of the group has ended, none of its locks is still
+    held and no task of another group still waits for one of its tasks.
+    Returns whether it was forgotten. Later graphs must not name its tasks.
+    """
+    info = state.groups.get(group)
+    if info is None or not info.ended:
+        return False
+    tasks = state.tasks
+    members = set(info.task_ids)
+    for task_id in info.task_ids:
+        task_info = tasks[task_id]
+        for lock_id in task_info.locks_from:
+            lock_info = state.locks[lock_id]
+            if lock_info.held and not lock_info.released:
+                return False
+        for successor in task_info.successors + task_info.start_successors:
+            if successor not in members and tasks[successor].state not in TERMINAL:
+                return False
+    for task_id in info.task_ids:
+        for lock_id in tasks.pop(task_id).locks_from:
+            del state.locks[lock_id]
+    del state.groups[group]
+    return True
+
+
+def forget_ended_groups(state: SchedulerState) -> int:
+    """`forget_group` on every ended group (O(groups)); returns how many were dropped."""
+    ended = [name for name, info in state.groups.items() if info.ended]
+    return sum(forget_group(state, name) for name in ended)
+
+
 def task_state(state: SchedulerState, task_id: str) -> TaskState:
     return state.tasks[task_id].state
 

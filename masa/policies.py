@@ -28,8 +28,8 @@ def _valid_top(state: SchedulerState, heap: list[_Entry]) -> _Entry | None:
     tasks = state.tasks
     while heap:
         entry = heap[0]
-        info = tasks[entry[-2]]
-        if info.state is _READY and info.ready_epoch == entry[-1]:
+        info = tasks.get(entry[-2])  # None: its group was forgotten (core.forget_group)
+        if info is not None and info.state is _READY and info.ready_epoch == entry[-1]:
             return entry
         heapq.heappop(heap)
     return None
@@ -104,7 +104,8 @@ class MasaPolicy:
         heap = self._pending_exec_needs
         while heap:
             negative_need, task_id = heap[0]
-            if state.tasks[task_id].state in (TaskState.PENDING, _READY):
+            info = state.tasks.get(task_id)
+            if info is not None and info.state in (TaskState.PENDING, _READY):
                 return -negative_need
             heapq.heappop(heap)
         return 0

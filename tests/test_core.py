@@ -17,6 +17,8 @@ from masa.core import (
     cancel_group,
     fail_group,
     finish,
+    forget_ended_groups,
+    forget_group,
     gate_group,
     group_status,
     is_finished,
@@ -235,3 +237,39 @@ def test_online_job_may_depend_on_earlier_finished_task() -> None:
     later = Task("later", TaskKind.EXEC, 1, 1)
     add_tasks(state, TaskGraph(tasks=(later,), precedence=(("first", "later"),)))
     assert [d.task_id for d in select(state)] == ["later"]
+
+
+def test_forgetting_ended_groups_keeps_a_long_running_state_small() -> None:
+    state = new_state(2, 200, "masa")
+    peak_tasks = 0
+    for job in range(50):
+        add_tasks(state, merge([chain_network(job, 0, [40, 30]), chain_network(job, 1, [20])]))
+        for _ in range(3):  # run part of the work, then the next job arrives
+            for dispatch in select(state):
+                finish(state, dispatch.task_id)
+        forget_ended_groups(state)
+        peak_tasks = max(peak_tasks, len(state.tasks))
+    while not is_finished(state):
+        for dispatch in select(state):
+            finish(state, dispatch.task_id)
+    assert forget_ended_groups(state) > 0
+    assert state.tasks == {} and state.groups == {} and state.locks == {}
+    assert peak_tasks < 60 and state.ledger.reserved_bytes == 0
+
+
+def test_forget_group_refuses_live_groups_and_groups_others_wait_for() -> None:
+    state = new_state(1, 1000, "masa")
+    edge = TaskGraph(tasks=(), precedence=(("j0/n0/s0/exec", "j0/n1/s0/load"),))
+    add_tasks(state, merge([chain_network(0, 0, [10]), chain_network(0, 1, [10]), edge]))
+    assert not forget_group(state, "j0/n0")  # not ended
+    for _ in range(2):
+        [dispatch] = select(state)
+        finish(state, dispatch.task_id)
+    assert group_status(state, "j0/n0") is GroupStatus.DONE
+    assert not forget_group(state, "j0/n1")  # not ended
+    # n0 has ended, but n1's LOAD depends on n0's EXEC and has not ended yet.
+    assert forget_group(state, "j0/n0") is False
+    for _ in range(2):
+        [dispatch] = select(state)
+        finish(state, dispatch.task_id)
+    assert forget_group(state, "j0/n0") and forget_group(state, "j0/n1")
