@@ -22,6 +22,7 @@ from masa.cli import main as masa_main
 from model_prep.manifest import (
     MANIFEST_NAME,
     NetworkManifest,
+    RuntimeBase,
     Stage,
     StageProfile,
     TensorSpec,
@@ -37,6 +38,8 @@ RUNS = 3
 # for milliseconds at a time; more observed attempts make a missed spike
 # unlikely (attempts are only repeated while such a gap occurred).
 SAMPLE_ATTEMPTS = 12
+
+Profiled = tuple[dict[str, StageProfile], RuntimeBase]
 
 
 def _save_stage(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
@@ -115,7 +118,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkManifest:
 
 
 @pytest.fixture(scope="module")
-def profiled(network: NetworkManifest) -> tuple[dict[str, StageProfile], object]:
+def profiled(network: NetworkManifest) -> Profiled:
     return profile_network(network, runs=RUNS, sample_attempts=SAMPLE_ATTEMPTS)
 
 
@@ -123,7 +126,9 @@ def _agree(exact_bytes: int, sampled_bytes: int) -> bool:
     return abs(exact_bytes - sampled_bytes) <= max(0.10 * exact_bytes, MIB)
 
 
-def test_every_stage_is_profiled_with_plausible_fields(network, profiled) -> None:
+def test_every_stage_is_profiled_with_plausible_fields(
+    network: NetworkManifest, profiled: Profiled
+) -> None:
     profiles, base = profiled
     assert set(profiles) == {stage.stage_id for stage in network.stages}
     for profile in profiles.values():
@@ -138,14 +143,16 @@ def test_every_stage_is_profiled_with_plausible_fields(network, profiled) -> Non
     assert base.first_session_bytes >= 0
 
 
-def test_kernel_and_sampled_peaks_agree_per_stage(profiled) -> None:
+def test_kernel_and_sampled_peaks_agree_per_stage(profiled: Profiled) -> None:
     profiles, _ = profiled
     for stage_id, profile in profiles.items():
         assert _agree(profile.load_peak_bytes, profile.sampled_load_peak_bytes), (stage_id, profile)
         assert _agree(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes), (stage_id, profile)
 
 
-def test_load_peak_covers_resident_which_covers_weights(network, profiled) -> None:
+def test_load_peak_covers_resident_which_covers_weights(
+    network: NetworkManifest, profiled: Profiled
+) -> None:
     profiles, _ = profiled
     for stage in network.stages:
         profile = profiles[stage.stage_id]
@@ -155,7 +162,7 @@ def test_load_peak_covers_resident_which_covers_weights(network, profiled) -> No
         assert profile.resident_bytes < 2 * stage.weight_bytes + 2 * MIB, stage
 
 
-def test_exec_peak_covers_the_stage_outputs(network, profiled) -> None:
+def test_exec_peak_covers_the_stage_outputs(network: NetworkManifest, profiled: Profiled) -> None:
     profiles, _ = profiled
     # The conv stage's run holds a 512x28x28 float activation (1.5 MiB, batch
     # 1: dynamic dims -> 1) before pooling. The kernel's RSS counters are
@@ -165,7 +172,9 @@ def test_exec_peak_covers_the_stage_outputs(network, profiled) -> None:
     assert conv.exec_peak_bytes >= activation_bytes - 512 * 1024
 
 
-def test_process_isolation_gives_the_same_memory_figures(network, profiled) -> None:
+def test_process_isolation_gives_the_same_memory_figures(
+    network: NetworkManifest, profiled: Profiled
+) -> None:
     recycled, _ = profiled
     fresh, base = profile_network(network, runs=1, isolation="process", sample=False)
     for stage_id, profile in fresh.items():
@@ -177,7 +186,7 @@ def test_process_isolation_gives_the_same_memory_figures(network, profiled) -> N
     assert base.process_rss_bytes > 20 * MIB
 
 
-def test_without_clear_refs_the_sampled_peak_is_used(network) -> None:
+def test_without_clear_refs_the_sampled_peak_is_used(network: NetworkManifest) -> None:
     # The sampler keeps sampling until the worker reports the load done, so
     # its peak covers the loaded session even when it misses the transient.
     profiles, _ = profile_network(network, runs=1, kernel_peak=False, stage_ids=["s1_fc"],
@@ -203,7 +212,7 @@ def test_random_inputs_are_seeded_and_fix_dynamic_dims() -> None:
     assert not np.array_equal(first["a"], other["a"])
 
 
-def test_bad_arguments_are_user_errors(network) -> None:
+def test_bad_arguments_are_user_errors(network: NetworkManifest) -> None:
     from masa.errors import UserError
 
     with pytest.raises(UserError, match="runs"):
@@ -221,7 +230,9 @@ def test_a_stage_that_does_not_load_names_the_stage(tmp_path: Path) -> None:
         profile_network(manifest, runs=1, sample=False)
 
 
-def test_cli_profiles_and_rewrites_the_manifest(tmp_path: Path, capsys) -> None:
+def test_cli_profiles_and_rewrites_the_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     directory = tmp_path / "tiny"
     build_network(directory)
     before = load_manifest(directory)
@@ -236,7 +247,9 @@ def test_cli_profiles_and_rewrites_the_manifest(tmp_path: Path, capsys) -> None:
     assert not list(directory.glob(".manifest.yaml.*")), "temporary file left behind"
 
 
-def test_cli_errors_exit_2_and_leave_the_manifest_untouched(tmp_path: Path, capsys) -> None:
+def test_cli_errors_exit_2_and_leave_the_manifest_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert masa_main(["profile", str(tmp_path / "missing")]) == 2
     assert "no manifest" in capsys.readouterr().err
     directory = tmp_path / "tiny"
@@ -253,7 +266,9 @@ def test_cli_errors_exit_2_and_leave_the_manifest_untouched(tmp_path: Path, caps
     assert exit_info.value.code == 2
 
 
-def test_busy_sampler_is_reported_not_fatal(network, caplog) -> None:
+def test_busy_sampler_is_reported_not_fatal(
+    network: NetworkManifest, caplog: pytest.LogCaptureFixture
+) -> None:
     # A zero gap limit makes every observed operation "gapped": the profile is
     # still produced, attempts are capped, and the log says so once.
     with caplog.at_level(logging.INFO, logger="model_prep.profile"):
