@@ -451,7 +451,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="offered load of the headline runs (default 0.7)")
     parser.add_argument("--sweep", default="0.3,0.5,0.7,0.9,1.1",
                         help="offered loads of the simulated sweep ('' to skip)")
-    parser.add_argument("--sim-jobs", type=int, default=200, help="jobs per simulated run")
+    parser.add_argument("--sim-jobs", type=int, default=200,
+                        help="jobs per simulated headline run (default 200)")
+    parser.add_argument("--sweep-jobs", type=int, default=100,
+                        help="jobs per simulated sweep run (default 100)")
     parser.add_argument("--real-jobs", type=int, default=None,
                         help=f"jobs per real run (default per scenario: {REAL_JOBS})")
     parser.add_argument("--simulate-only", action="store_true", help="skip the real runs")
@@ -461,18 +464,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--analysis", type=Path, default=None,
                         help="Markdown appended to the doc (the interpretation, written "
                              "after looking at the figures)")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="rebuild the doc and plots from a --json file of an earlier "
+                             "run instead of running (to add --analysis afterwards)")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python benchmarks/bench_compare.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    scenarios = [s for s in args.scenarios.split(",") if s]
     policies = [p for p in args.policies.split(",") if p]
-    budgets = [b for b in args.budgets.split(",") if b]
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        command, elapsed_s = saved["command"], saved["elapsed_s"]
+        results, sweep = saved["results"], saved["sweep"]
+        saved_args = saved["args"]
+        args.store, args.rho, args.workers = saved_args["store"], saved_args["rho"], \
+            saved_args["workers"]
+        scenarios = list(dict.fromkeys(e["scenario"] for e in results + sweep))
+        budgets = list(dict.fromkeys(e["budget"] for e in results + sweep))
+    else:
+        command = "python benchmarks/bench_compare.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        scenarios = [s for s in args.scenarios.split(",") if s]
+        budgets = [b for b in args.budgets.split(",") if b]
+        started_s = time.perf_counter()
+        results, sweep = run_all(args, scenarios, policies, budgets)
+        elapsed_s = time.perf_counter() - started_s
+        if args.json:
+            atomic_write_text(args.json, json.dumps(
+                {"command": command, "elapsed_s": elapsed_s,
+                 "args": {"store": str(args.store), "rho": args.rho, "workers": args.workers},
+                 "results": results, "sweep": sweep}, indent=1))
+    docs = args.out.parent
+    if sweep:
+        sweep_plot(sweep, scenarios, budgets, policies, docs / "bench-compare-sweep.png")
+    gain_plot(results, policies, docs / "bench-compare-gains.png")
+    write_markdown(args.out, args, command, results, sweep, policies, elapsed_s)
+    print(f"wrote {args.out} ({elapsed_s / 60:.1f} min of runs)")
+    return 0
+
+
+def run_all(args: argparse.Namespace, scenarios: Sequence[str], policies: Sequence[str],
+            budgets: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The headline runs (simulated, then real) and the simulated sweep."""
     sweep_loads = [float(x) for x in args.sweep.split(",") if x]
-    started_s = time.perf_counter()
     results: list[dict[str, Any]] = []
     sweep: list[dict[str, Any]] = []
     modes = [True] if args.simulate_only else [True, False]
@@ -485,15 +520,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not simulated:
                 warm_page_cache(args.store, workload.networks)
             for budget in budgets:
-                by_policy = run_policies(prepared, policies, parse_memory_bytes(budget),
-                                         args.workers, simulated)
                 entry = {"scenario": scenario, "budget": budget, "simulated": simulated,
                          "jobs": len(jobs), "load": dataclasses.asdict(info),
-                         "policies": by_policy}
+                         "policies": run_policies(prepared, policies,
+                                                  parse_memory_bytes(budget), args.workers,
+                                                  simulated)}
                 results.append(entry)
                 print_entry(entry, policies)
         for rho in sweep_loads:
-            workload, jobs, info = scenario_jobs(args.store, scenario, rho, args.sim_jobs,
+            workload, jobs, info = scenario_jobs(args.store, scenario, rho, args.sweep_jobs,
                                                  args.workers)
             prepared = prepare_run(scenario_path(scenario), args.store, "oblivious", jobs=jobs)
             for budget in budgets:
@@ -504,17 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   True)}
                 sweep.append(entry)
                 print_entry(entry, policies)
-    elapsed_s = time.perf_counter() - started_s
-    docs = args.out.parent
-    if sweep:
-        sweep_plot(sweep, scenarios, budgets, policies, docs / "bench-compare-sweep.png")
-    gain_plot(results, policies, docs / "bench-compare-gains.png")
-    write_markdown(args.out, args, command, results, sweep, policies, elapsed_s)
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"results": results, "sweep": sweep},
-                                                indent=1))
-    print(f"wrote {args.out} ({elapsed_s / 60:.1f} min)")
-    return 0
+    return results, sweep
 
 
 if __name__ == "__main__":
