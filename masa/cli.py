@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workloads.workload_cli",
     "masa.run_cli",
     "masa.demo_cli",
+    "solver.cli",
 )
 
 

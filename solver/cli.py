@@ -367,13 +367,29 @@ def _workload_instance(args: argparse.Namespace) -> Instance:
                                   f"{len(jobs)}jobs")
 
 
+DESCRIPTION = ("Solve a Masa scheduling instance to optimality with CP-SAT and compare "
+               "the masa heuristic (simulator) on the same instance.")
+EPILOG = ("Exit codes: 0 schedule found, 1 none found (INFEASIBLE or UNKNOWN), 2 bad input "
+          "or structurally infeasible instance.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="masa-optimal",
-        description="Solve a Masa scheduling instance to optimality with CP-SAT and "
-                    "compare the masa heuristic (simulator) on the same instance.",
-        epilog="Exit codes: 0 schedule found, 1 none found (INFEASIBLE or UNKNOWN), "
-               "2 bad input or structurally infeasible instance.")
+    parser = argparse.ArgumentParser(prog="masa-optimal", description=DESCRIPTION,
+                                     epilog=EPILOG)
+    _add_arguments(parser)
+    return parser
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """`masa optimal ...`: the same command inside the `masa` CLI."""
+    parser = subparsers.add_parser("optimal", help="optimal schedule (CP-SAT) vs the "
+                                   "masa heuristic on an instance", description=DESCRIPTION,
+                                   epilog=EPILOG)
+    _add_arguments(parser)
+    parser.set_defaults(handler=handle)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("instance", nargs="?", metavar="INSTANCE",
                         help="instance JSON (docs/instance-format.md) or workload YAML "
                              "(with --store)")
@@ -407,7 +423,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimal schedule")
     parser.add_argument("--write-instance", metavar="JSON",
                         help="also write the (generated or overridden) instance as JSON")
-    return parser
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -510,3 +510,13 @@ def test_response_symmetry_only_swaps_what_keeps_jobs_whole() -> None:
     assert len(identical_groups(instance.graph)) == 2
     assert _solve(instance, options).objective_value == 25
     assert _solve(instance, replace(options, symmetry_breaking=False)).objective_value == 25
+
+
+def test_masa_optimal_is_also_a_masa_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    from masa.cli import main as masa_main
+
+    assert masa_main(["optimal", "--random", "networks=2,layers=2,seed=1", "--json",
+                      "--search-workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "OPTIMAL" and out["tasks"] == 8
+    assert masa_main(["optimal", "--random", "networks=0"]) == 2
