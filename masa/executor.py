@@ -161,7 +161,6 @@ class RealExecutor:
         config: RealRunConfig,
         context: ContextController | None = None,
         job_networks: Mapping[int, Sequence[str]] | None = None,
-        transform_networks: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.graph = graph
@@ -178,8 +177,7 @@ class RealExecutor:
                 nets = self.job_networks.setdefault(task.job_id, ())
                 if task.network not in nets:
                     self.job_networks[task.job_id] = nets + (task.network,)
-        # Networks whose input derives from upstream outputs: inputs made when upstreams end.
-        self.transform_networks = transform_networks
+        self.inputs_ready: set[str] = set()  # groups whose input tensors were made
         self.state: SchedulerState = core.new_state(
             config.workers, config.memory_budget_bytes, config.policy
         )
@@ -209,7 +207,6 @@ class RealExecutor:
         core.gate_group(self.state, group)
 
     def open(self, group: str) -> None:
-        self._prepare_inputs(group)
         core.open_group(self.state, group)
 
     def cancel(self, group: str, reason: str) -> None:
@@ -308,18 +305,20 @@ class RealExecutor:
         if self.context is not None:
             for group in self.context.register_job(job_id, networks):
                 self.gate(group)
-        for network in networks:
-            group = f"j{job_id}/{network}"
-            gated = group in self.state.gated
-            if network not in self.transform_networks and not gated:
-                self._prepare_inputs(group)
         core.arrive(self.state, tasks_by_job.get(job_id, []))
 
     def _prepare_inputs(self, group: str) -> None:
-        """Put a network instance's input tensors into the tensor store."""
+        """Put a network instance's input tensors into the tensor store.
+
+        Called when the network's first EXEC is dispatched: by then every
+        upstream output a derived input needs exists (the task graph makes such
+        an EXEC wait for its upstreams), and inputs of jobs still waiting for
+        their turn take no memory.
+        """
         job_id, network = parse_group(group)
-        if (group, "__inputs__") in self.runtime.tensors:
+        if group in self.inputs_ready:
             return
+        self.inputs_ready.add(group)
         try:
             feeds = self.inputs_for(job_id, network, self.upstream_outputs(job_id))
         except Exception as error:  # a bad input fails this network alone
@@ -330,7 +329,6 @@ class RealExecutor:
         with self.runtime.lock:
             for name, value in feeds.items():
                 self.runtime.tensors[(group, name)] = value
-            self.runtime.tensors[(group, "__inputs__")] = np.empty(0)
 
     def upstream_outputs(self, job_id: int) -> dict[str, dict[str, np.ndarray]]:
         """Outputs of the job's finished networks, by network name."""
@@ -345,6 +343,7 @@ class RealExecutor:
         for dispatch in core.select(self.state):
             task = self.graph.by_id[dispatch.task_id]
             if task.kind is TaskKind.EXEC:
+                self._prepare_inputs(task.group)
                 self.runtime.run_options[task.task_id] = ort.RunOptions()
             self.running[task.task_id] = dispatch.worker
             self.dispatched_s[task.task_id] = self.clock()

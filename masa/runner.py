@@ -132,16 +132,17 @@ def prepare_run(
         job_list, manifests, workload.networks,
         upstreams=upstreams if context == "preempt" else None,
     )
-    if context == "preempt":
-        graph = _with_transform_waits(graph, job_list, workload, manifests)
+    # In every context a derived input needs its upstreams' outputs (under CA-wait
+    # the gate already ensures it; the edges then change nothing).
+    graph = _with_transform_waits(graph, job_list, workload, manifests)
     return PreparedRun(workload, context, manifests, job_list, graph,
                        upstreams if context != "oblivious" else {})
 
 
 def _with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: Workload,
                           manifests: Mapping[str, NetworkManifest]) -> TaskGraph:
-    """CA-preempt: a network whose input derives from upstream outputs may load early,
-    but its first EXEC needs those outputs: it waits for the upstreams' last EXECs."""
+    """A network whose input derives from upstream outputs may load early, but its
+    first EXEC needs those outputs: it waits for the upstreams' last EXECs."""
     extra: list[tuple[str, str]] = []
     for job in jobs:
         for network in job.networks:
@@ -231,9 +232,6 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
     def inputs_for(job_id: int, network: str, upstream_outputs: Mapping) -> dict:  # noqa: ANN001
         return network_inputs(workload, manifests[network], job_id, upstream_outputs)
 
-    transform_networks = frozenset(
-        node.name for node in workload.nodes if node.transform is not None
-    )
     executor = RealExecutor(
         prepared.graph, manifests, {job.job_id: job.arrival_us for job in prepared.jobs},
         inputs_for,
@@ -243,7 +241,6 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       keep_outputs=settings.keep_outputs),
         context=controller,
         job_networks={job.job_id: job.networks for job in prepared.jobs},
-        transform_networks=transform_networks,
     )
     result = executor.run()
     return RunOutcome(

@@ -190,7 +190,7 @@ def _classifier_tasks_run(run) -> int:  # noqa: ANN001
                if entry.worker >= 0 and entry.task_id.startswith("j0/opennsfw/"))
 
 
-@pytest.mark.parametrize("context", ["wait", "preempt"])
+@pytest.mark.parametrize("context", ["oblivious", "wait", "preempt"])
 def test_with_a_face_the_classifier_scores_the_face(cascade, cascade_store, reference,
                                                     context) -> None:  # noqa: ANN001
     run = cascade.run_image(cascade_store, cascade.image_path(cascade.FACE_IMAGE), context,
