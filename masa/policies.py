@@ -308,13 +308,17 @@ class DeepEyePolicy:
         return task_id if task_id is not None else second.pick(state)
 
 
-POLICY_NAMES: tuple[str, ...] = ("masa", "bulk", "deepeye")
+# "masa" is Algorithm 1 with the admission and headroom rules (docs/scheduling.md);
+# "masa-paper" is Algorithm 1 exactly as the paper states it, for comparison.
+POLICY_NAMES: tuple[str, ...] = ("masa", "masa-paper", "bulk", "deepeye")
 
 
 def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
     """A fresh policy by name; an unknown name is a UserError."""
     if name == "masa":
         return MasaPolicy()
+    if name == "masa-paper":
+        return MasaPolicy(admission=False, headroom=False)
     if name == "bulk":
         return BulkPolicy()
     if name == "deepeye":

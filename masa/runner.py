@@ -25,6 +25,7 @@ from masa.core import GroupStatus, OverCommit
 from masa.errors import UserError
 from masa.executor import MEMORY_SOURCES, RealExecutor, RealRunConfig
 from masa.jobs import build_workload_graph, group_id
+from masa.policies import POLICY_NAMES
 from masa.report import build_report, chrome_trace
 from masa.simulator import SimulationControl, simulate_graph
 from masa.taskgraph import ScheduledTask, TaskGraph
@@ -42,7 +43,7 @@ from workloads.schema import (
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("masa", "bulk", "deepeye")
+POLICIES = POLICY_NAMES
 
 
 @dataclass(frozen=True)
