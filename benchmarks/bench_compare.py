@@ -145,8 +145,12 @@ def job_phases_us(report: Mapping[str, Any]) -> tuple[float | None, float | None
     return float(np.mean(waits)), float(np.mean(spans))
 
 
-def summarise(report: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
-    """The figures this benchmark reports from one run's report dict."""
+def summarise(report: Mapping[str, Any], wall_s: float, keep_groups: bool = False
+              ) -> dict[str, Any]:
+    """The figures this benchmark reports from one run's report dict.
+
+    keep_groups: also keep, per network instance, [status, LOAD+EXEC us, loaded bytes].
+    """
     summary = report["summary"]
     wait_us, span_us = job_phases_us(report)
     aborted_bytes = sum(n["loaded_bytes"] for job in report["jobs"] for n in job["networks"]
@@ -155,7 +159,10 @@ def summarise(report: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
     for job in report["jobs"]:
         for network in job["networks"]:
             statuses[network["status"]] = statuses.get(network["status"], 0) + 1
+    groups = {n["group"]: [n["status"], n["load_us"] + n["exec_us"], n["loaded_bytes"]]
+              for job in report["jobs"] for n in job["networks"]} if keep_groups else None
     return {
+        "groups": groups,
         "jobs": summary["jobs"],
         "jobs_failed": summary["jobs_failed"],
         "mean_us": summary["response_us"]["mean"],
@@ -177,7 +184,8 @@ def summarise(report: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
 
 
 def run_policies(prepared: PreparedRun, policies: Sequence[str], budget_bytes: int,
-                 workers: int, simulate: bool) -> dict[str, dict[str, Any]]:
+                 workers: int, simulate: bool, keep_groups: bool = False
+                 ) -> dict[str, dict[str, Any]]:
     """One run per policy on the same prepared jobs: {policy: summarise(...)}."""
     results: dict[str, dict[str, Any]] = {}
     for policy in policies:
@@ -186,12 +194,19 @@ def run_policies(prepared: PreparedRun, policies: Sequence[str], budget_bytes: i
                                                 memory_budget_bytes=budget_bytes),
                           simulate=simulate)
         wall_s = time.perf_counter() - start_s
-        results[policy] = summarise(outcome_report(outcome), wall_s)
+        results[policy] = summarise(outcome_report(outcome), wall_s, keep_groups)
+        results[policy]["profiled_work_us"] = profiled_work_us(prepared)
         if not simulate:
             results[policy]["live_sessions_after"] = outcome.live_sessions_after
             results[policy]["final_reserved_bytes"] = outcome.final_reserved_bytes
             results[policy]["loadavg_after"] = round(os.getloadavg()[0], 2)
     return results
+
+
+def profiled_work_us(prepared: PreparedRun) -> int:
+    """The profiled LOAD + EXEC time of every network of every job (one worker alone)."""
+    return sum(network_time_us(prepared.manifests[name])
+               for job in prepared.jobs for name in job.networks)
 
 
 def gain_pct(masa_us: float | None, other_us: float | None) -> float | None:
@@ -286,7 +301,19 @@ def result_header(policies: Sequence[str]) -> list[str]:
     return header
 
 
-def phase_rows(results: list[dict[str, Any]], policies: Sequence[str]) -> list[list[str]]:
+def entry_profiled_work_us(entry: dict[str, Any], store: Path, workers: int) -> int:
+    """The profiled work of an entry's jobs (recomputed for JSON files that lack it)."""
+    recorded = next(iter(entry["policies"].values())).get("profiled_work_us")
+    if recorded is not None:
+        return int(recorded)
+    workload, jobs, _ = scenario_jobs(Path(store), entry["scenario"], entry["load"]["rho"],
+                                      entry["jobs"], workers)
+    manifests = load_manifests(Path(store), workload.networks)
+    return sum(network_time_us(manifests[name]) for job in jobs for name in job.networks)
+
+
+def phase_rows(results: list[dict[str, Any]], policies: Sequence[str], store: Path,
+               workers: int) -> list[list[str]]:
     rows = []
     for entry in results:
         row = [entry["scenario"], entry["budget"], "sim" if entry["simulated"] else "real"]
@@ -295,6 +322,13 @@ def phase_rows(results: list[dict[str, Any]], policies: Sequence[str]) -> list[l
             row.append(f"{ms(figures['wait_us'])} / {ms(figures['span_us'])}")
         for policy in policies:
             row.append(f"{100 * entry['policies'][policy]['utilisation']:.0f}%")
+        if entry["simulated"]:
+            row += ["1.00"] * len(policies) + ["-"]
+        else:
+            work_us = entry_profiled_work_us(entry, store, workers)
+            row += [f"{entry['policies'][p]['busy_us'] / work_us:.2f}" for p in policies]
+            row.append("/".join(f"{entry['policies'][p].get('loadavg_after', 0):.1f}"
+                                for p in policies))
         rows.append(row)
     return rows
 
@@ -392,10 +426,16 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "",
         "### Where the time goes: mean wait / mean span per job (ms), utilisation",
         "",
-        "wait = arrival to the job's first task start; span = first start to finish.",
+        "wait = arrival to the job's first task start; span = first start to finish. "
+        "busy/profiled = the run's summed task durations over the profiled LOAD + EXEC "
+        "time of the same jobs: how much slower tasks ran than profiled (contention for "
+        "the shared cores), so a real run's effective load is about rho x this factor. "
+        "load avg = the machine's 1-minute load average after each policy's run.",
         "",
         markdown_table(["scenario", "budget", "mode"] + [f"{p} wait/span" for p in policies]
-                       + [f"{p} util" for p in policies], phase_rows(results, policies)),
+                       + [f"{p} util" for p in policies]
+                       + [f"{p} busy/profiled" for p in policies] + ["load avg"],
+                       phase_rows(results, policies, Path(args.store), args.workers)),
         "",
     ]
     if sweep:
