@@ -378,9 +378,9 @@ def _build(instance: Instance, options: SolveOptions,
         if (options.redundant and options.split_locks and len(lock.until_tasks) == 1
                 and lock.from_task in ancestors[lock.until_tasks[0]]):
             # Split [start(from), end(until)) into from's own interval, the gap
-            # [end(from), start(until)) and until's own interval. Same memory,
-            # but most of it now sits on fixed-size intervals, which the
-            # cumulative propagates (time-tabling, edge finding) far better.
+            # [end(from), start(until)) and until's own interval: same memory,
+            # mostly on fixed-size intervals. Expected to propagate better; on
+            # the benchmark instances it was slower, hence off by default.
             until = lock.until_tasks[0]
             carried[lock.from_task] += lock.memory_bytes
             carried[until] += lock.memory_bytes
@@ -395,8 +395,8 @@ def _build(instance: Instance, options: SolveOptions,
             continue
         start = starts[lock.from_task]
         ends = [starts[u] + duration[u] for u in lock.until_tasks]
-        # The lock is empty if every `until` task could end before `from`
-        # starts; otherwise (the usual case) its end is the latest until end.
+        # Held at least until `from` itself ends (masa.checker's rule too);
+        # implied when every `until` task descends from `from` (the usual case).
         if not all(lock.from_task in ancestors[u] for u in lock.until_tasks):
             ends.append(start + duration[lock.from_task])
         if len(ends) == 1:
