@@ -50,7 +50,6 @@ def create_session(
     model_path: str | Path, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS
 ) -> ort.InferenceSession:
     """An InferenceSession on the CPU, created from a path with the shared options."""
-    pin_malloc_threshold()
     return ort.InferenceSession(
         str(model_path),
         sess_options=session_options(intra_op_threads),
@@ -82,8 +81,17 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     large buffers then come from the heap and stay resident when freed: the
     same 4.5 MiB conv stage peaked at 26.5 instead of 22.5 MiB on every load
     after the first, in one process. Pinned, every large buffer is mmapped and
-    returned on free, so profiles (one stage per fresh worker) and a long-lived
-    executor see the same figures; run times did not measurably change.
+    returned on free, so a recycled profiling worker measures every stage as a
+    fresh process would.
+
+    Only the profiler's worker pins it. Executors do not: with the pin every
+    buffer over 128 KiB is mapped and paged in again on every run, which made a
+    stage chain 1.5x slower than the whole model on GoogleNet and 1.3x on
+    TinyYOLO (CPU time; without the pin 1.00x and 1.05x; pinning at 32 MiB
+    with a 1 GiB trim threshold still gave 1.30x and 1.23x). A long-lived
+    executor may therefore keep freed heap resident between unloads; it trims
+    the heap after every unload, and `--memory-source measured` reconciles
+    the ledger with what the process really holds.
     """
     global _pinned_threshold_bytes
     if _pinned_threshold_bytes == threshold_bytes:

@@ -540,8 +540,8 @@ def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[Runti
     from masa.procmem import reset_peak, rss_bytes
     from masa.session import create_session, pin_malloc_threshold, release_memory
 
-    # Pinned before anything is measured (create_session would do it too), so
-    # the first session and every stage see the same allocator behaviour.
+    # Pinned before anything is measured, so the first session and every stage
+    # see the same allocator behaviour (masa.session.pin_malloc_threshold).
     pin_malloc_threshold()
     release_memory()
     process_rss = rss_bytes()
