@@ -58,6 +58,7 @@ class Evaluation:
     instance: Instance
     result: SolveResult
     heuristic_schedule: tuple[ScheduledTask, ...] | None  # None: simulator unavailable
+    hint_source: str  # masa / bulk / serial: whose schedule hinted the solver ("" none)
     heuristic_over_commits: tuple[str, ...]  # tasks run over budget (progress rule)
     heuristic_problems: tuple[str, ...]  # checker findings beyond those over-commits
     solver_problems: tuple[str, ...]  # checker findings on the solver schedule (expect none)
@@ -102,8 +103,9 @@ def _optional(module: str, name: str) -> Any:
         return None
 
 
-def run_heuristic(instance: Instance) -> tuple[tuple[ScheduledTask, ...], tuple[str, ...]] | None:
-    """The `masa` policy in the simulator on exactly this instance.
+def run_heuristic(instance: Instance, policy: str = "masa"
+                  ) -> tuple[tuple[ScheduledTask, ...], tuple[str, ...]] | None:
+    """A policy (by default `masa`) in the simulator on exactly this instance.
 
     Returns its schedule and the tasks it over-committed memory for (the
     progress rule: run the smallest task when nothing fits and no worker is
@@ -112,7 +114,7 @@ def run_heuristic(instance: Instance) -> tuple[tuple[ScheduledTask, ...], tuple[
     simulate_graph = _optional("masa.simulator", "simulate_graph")
     if simulate_graph is None:
         return None
-    result = simulate_graph(instance.graph, policy="masa", workers=instance.workers,
+    result = simulate_graph(instance.graph, policy=policy, workers=instance.workers,
                             memory_budget_bytes=instance.memory)
     over_commits = tuple(item.task_id for item in getattr(result, "over_commits", ()))
     return tuple(result.schedule), over_commits
@@ -129,10 +131,20 @@ def check(instance: Instance, schedule: Sequence[ScheduledTask],
                                allowed_over_commits=allowed_over_commits))
 
 
+def _objective(instance: Instance, options: SolveOptions,
+               schedule: Sequence[ScheduledTask]) -> int:
+    if options.objective == "makespan":
+        return schedule_makespan(schedule)
+    return response_sum(instance.graph, schedule)
+
+
 def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
              ) -> Evaluation:
-    """Heuristic, then solver hinted with the heuristic's schedule when it checks out."""
+    """The masa heuristic, then the solver hinted with the best schedule within budget."""
     check_feasible(instance)
+    # The solver ignores start_after (a rule of the heuristic only): its hints
+    # and its schedule are checked against everything else.
+    unordered = replace(instance, graph=replace(instance.graph, start_after=()))
     simulated = run_heuristic(instance)
     heuristic_problems: list[str] = []
     heuristic, over_commits = simulated if simulated is not None else (None, ())
@@ -144,19 +156,28 @@ def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
         # Only a schedule within the budget may serve as hint and upper bound.
         if found is not None and not found and not over_commits and use_hint:
             hint = heuristic
-    if hint is None and use_hint:
-        # Without a valid heuristic schedule, large tight instances may find
-        # no solution at all: one task at a time usually fits.
-        fallback = serial_schedule(instance.graph)
-        if check(instance, fallback) == []:
-            hint = fallback
+    hint_source = "masa" if hint is not None else ""
+    if use_hint:
+        # Large tight instances may find no solution at all without a hint, and
+        # a poor hint leaves CP-SAT far from the optimum: take the best of the
+        # schedules that fit the budget (masa's, bulk's, one task at a time).
+        candidates: list[tuple[str, Sequence[ScheduledTask]]] = []
+        if hint is not None:
+            candidates.append(("masa", hint))
+        bulk = run_heuristic(instance, "bulk")
+        if bulk is not None and not bulk[1]:
+            candidates.append(("bulk", bulk[0]))
+        candidates.append(("serial", serial_schedule(instance.graph)))
+        valid = [(name, schedule) for name, schedule in candidates
+                 if check(unordered, schedule) == []]
+        if valid:
+            hint_source, best = min(
+                valid, key=lambda item: _objective(instance, options, item[1]))
+            hint = tuple(best)
     result = solve_instance(instance, options, hint=hint)
-    # The solver ignores start_after (a rule of the heuristic only), so its
-    # schedule is checked against everything else.
-    unordered = replace(instance, graph=replace(instance.graph, start_after=()))
     solver_problems = check(unordered, result.schedule) if result.schedule else []
     return Evaluation(instance=instance, result=result, heuristic_schedule=heuristic,
-                      heuristic_over_commits=over_commits,
+                      hint_source=hint_source, heuristic_over_commits=over_commits,
                       heuristic_problems=tuple(heuristic_problems),
                       solver_problems=tuple(solver_problems or ()),
                       checker_available=_optional("masa.checker", "check_schedule") is not None)
@@ -195,6 +216,7 @@ def evaluation_to_dict(evaluation: Evaluation, *, with_schedule: bool = True) ->
         "deterministic_time": round(result.deterministic_time, 3),
         "segments": result.segments,
         "hint_used": result.hint_used,
+        "hint_source": evaluation.hint_source,
         "heuristic_over_commits": list(evaluation.heuristic_over_commits),
         "heuristic_check": list(evaluation.heuristic_problems),
         "solver_check": list(evaluation.solver_problems),
@@ -214,7 +236,7 @@ def format_evaluation(evaluation: Evaluation) -> str:
              f"memory {raw['memory']} {raw['memory_unit']})",
              f"status: {result.status} ({result.formulation}, objective {result.objective}, "
              f"{result.solve_time_s:.2f} s, {result.segments} segment(s), "
-             f"hint {'used' if result.hint_used else 'not used'})"]
+             f"hint {evaluation.hint_source or 'none'})"]
     what = "makespan" if result.objective == "makespan" else "response_sum"
     if result.proven:
         lines.append(f"optimal_{what}: {result.objective_value} {unit}")
@@ -414,7 +436,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=OBJECTIVES, default="makespan",
                         help="makespan (default) or response (sum of job response times)")
     parser.add_argument("--no-hint", action="store_true",
-                        help="do not hint the solver with the heuristic's schedule")
+                        help="do not hint the solver (by default: the best schedule within "
+                             "budget among masa's, bulk's and a serial one)")
     parser.add_argument("--plain", action="store_true",
                         help="plain model: no symmetry breaking, redundant constraints "
                              "or decomposition (for comparison)")
