@@ -216,6 +216,73 @@ def gain_pct(masa_us: float | None, other_us: float | None) -> float | None:
     return 100.0 * (masa_us / other_us - 1.0)
 
 
+def concurrency_us(schedule: Sequence[Any]) -> dict[int, int]:
+    """Time (us) during which exactly n tasks ran, for n = 0, 1, 2, ... (first to last end)."""
+    events = sorted([(e.start_us, 1) for e in schedule if e.worker >= 0]
+                    + [(e.end_us, -1) for e in schedule if e.worker >= 0])
+    spans: dict[int, int] = {}
+    running, last_us = 0, events[0][0] if events else 0
+    for time_us, delta in events:
+        spans[running] = spans.get(running, 0) + time_us - last_us
+        running, last_us = running + delta, time_us
+    return spans
+
+
+def diagnose(store: Path, scenario: str, budget: str, rho: float, count: int, workers: int,
+             policies: Sequence[str]) -> list[dict[str, Any]]:
+    """Real vs simulated on the same jobs: how much slower LOAD and EXEC tasks ran than
+    profiled, and for how long 0, 1 or 2 tasks ran at once (per policy)."""
+    workload, jobs, info = scenario_jobs(store, scenario, rho, count, workers)
+    prepared = prepare_run(scenario_path(scenario), store, "oblivious", jobs=jobs)
+    warm_page_cache(store, workload.networks)
+    rows = []
+    for policy in policies:
+        for simulated in (True, False):
+            outcome = execute(prepared, RunSettings(policy=policy, workers=workers,
+                                                    memory_budget_bytes=parse_memory_bytes(
+                                                        budget)), simulate=simulated)
+            report = outcome_report(outcome)
+            ran_us = {"load": 0, "exec": 0}
+            profiled_us = {"load": 0, "exec": 0}
+            for entry in outcome.schedule:
+                task = prepared.graph.by_id.get(entry.task_id)
+                if entry.worker < 0 or task is None:
+                    continue
+                kind = task.kind.value
+                ran_us[kind] = ran_us.get(kind, 0) + entry.end_us - entry.start_us
+                profiled_us[kind] = profiled_us.get(kind, 0) + task.duration_us
+            rows.append({
+                "scenario": scenario, "budget": budget, "jobs": len(jobs), "rho": rho,
+                "policy": policy, "simulated": simulated,
+                "mean_us": report["summary"]["response_us"]["mean"],
+                "makespan_us": report["summary"]["makespan_us"],
+                "load_ratio": ran_us["load"] / max(1, profiled_us["load"]),
+                "exec_ratio": ran_us["exec"] / max(1, profiled_us["exec"]),
+                "concurrency_us": {str(k): v for k, v in
+                                   concurrency_us(outcome.schedule).items()},
+                "peak_reserved_bytes": report["summary"]["peak_reserved_bytes"],
+                "loadavg": round(os.getloadavg()[0], 2),
+            })
+            print(f"diagnose {scenario} {budget} {policy} {'sim' if simulated else 'real'}: "
+                  f"mean {ms(rows[-1]['mean_us'])} ms, load x{rows[-1]['load_ratio']:.2f}, "
+                  f"exec x{rows[-1]['exec_ratio']:.2f}, concurrency "
+                  f"{rows[-1]['concurrency_us']}", flush=True)
+    return rows
+
+
+def diagnosis_rows(diagnosis: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for row in diagnosis:
+        spans = row["concurrency_us"]
+        rows.append([row["scenario"], row["budget"], str(row["jobs"]), row["policy"],
+                     "sim" if row["simulated"] else "real", ms(row["mean_us"]),
+                     f"{row['makespan_us'] / 1e6:.1f}", f"{row['load_ratio']:.2f}",
+                     f"{row['exec_ratio']:.2f}"]
+                    + [f"{spans.get(str(n), 0) / 1e6:.1f}" for n in (2, 1, 0)]
+                    + [mib(row["peak_reserved_bytes"]), f"{row['loadavg']:.1f}"])
+    return rows
+
+
 # ------------------------------------------------------------------ formatting
 
 
@@ -391,7 +458,8 @@ def gain_plot(results: list[dict[str, Any]], policies: Sequence[str], path: Path
 
 def write_markdown(path: Path, args: argparse.Namespace, command: str,
                    results: list[dict[str, Any]], sweep: list[dict[str, Any]],
-                   policies: Sequence[str], elapsed_s: float) -> None:
+                   policies: Sequence[str], elapsed_s: float,
+                   diagnosis: Sequence[Sequence[dict[str, Any]]] = ()) -> None:
     lines = [
         "# Policy comparison: Masa vs Bulk vs DeepEye (issue 3, section 6)",
         "",
@@ -462,6 +530,20 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
             "",
         ]
     lines += ["![gains](bench-compare-gains.png)", ""]
+    for rows in diagnosis:
+        lines += [
+            "## Diagnosis: real vs simulated on the same jobs",
+            "",
+            f"Produced by `{rows[0]['command']}`." if rows and "command" in rows[0] else "",
+            "",
+            "load x / exec x = summed real task durations over their profiled durations; "
+            "2 / 1 / 0 busy = seconds during which two, one or no task ran.",
+            "",
+            markdown_table(["scenario", "budget", "jobs", "policy", "mode", "mean ms",
+                            "makespan s", "load x", "exec x", "2 busy s", "1 busy s",
+                            "0 busy s", "peak rsv MiB", "load avg"], diagnosis_rows(rows)),
+            "",
+        ]
     if args.analysis and Path(args.analysis).is_file():
         lines += [Path(args.analysis).read_text().rstrip(), ""]
     atomic_write_text(path, "\n".join(lines))
@@ -504,6 +586,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--analysis", type=Path, default=None,
                         help="Markdown appended to the doc (the interpretation, written "
                              "after looking at the figures)")
+    parser.add_argument("--diagnose", default=None, metavar="SCENARIO:BUDGET:JOBS",
+                        help="run that case real and simulated under every policy and "
+                             "tabulate task slowdowns and concurrency (added to --json)")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="rebuild the doc and plots from a --json file of an earlier "
                              "run instead of running (to add --analysis afterwards)")
@@ -518,6 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command, elapsed_s = saved["command"], saved["elapsed_s"]
         results, sweep = saved["results"], saved["sweep"]
         saved_args = saved["args"]
+        diagnosis = saved.get("diagnosis", [])
         args.store, args.rho, args.workers = saved_args["store"], saved_args["rho"], \
             saved_args["workers"]
         scenarios = list(dict.fromkeys(e["scenario"] for e in results + sweep))
@@ -530,16 +616,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         started_s = time.perf_counter()
         results, sweep = run_all(args, scenarios, policies, budgets)
         elapsed_s = time.perf_counter() - started_s
-        if args.json:
-            atomic_write_text(args.json, json.dumps(
-                {"command": command, "elapsed_s": elapsed_s,
-                 "args": {"store": str(args.store), "rho": args.rho, "workers": args.workers},
-                 "results": results, "sweep": sweep}, indent=1))
+        diagnosis = []
+    if args.diagnose:
+        scenario, budget, count = args.diagnose.split(":")
+        rows = diagnose(Path(args.store), scenario, budget, args.rho, int(count), args.workers,
+                        policies)
+        rows[0]["command"] = "python benchmarks/bench_compare.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        diagnosis.append(rows)
+    if args.json and (args.diagnose or not args.from_json):
+        atomic_write_text(args.json, json.dumps(
+            {"command": command, "elapsed_s": elapsed_s,
+             "args": {"store": str(args.store), "rho": args.rho, "workers": args.workers},
+             "results": results, "sweep": sweep, "diagnosis": diagnosis}, indent=1))
     docs = args.out.parent
     if sweep:
         sweep_plot(sweep, scenarios, budgets, policies, docs / "bench-compare-sweep.png")
     gain_plot(results, policies, docs / "bench-compare-gains.png")
-    write_markdown(args.out, args, command, results, sweep, policies, elapsed_s)
+    write_markdown(args.out, args, command, results, sweep, policies, elapsed_s, diagnosis)
     print(f"wrote {args.out} ({elapsed_s / 60:.1f} min of runs)")
     return 0
 
