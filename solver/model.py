@@ -656,6 +656,7 @@ def solve_instance(instance: Instance, options: SolveOptions | None = None,
 
     results: list[SolveResult] = []
     remaining_s = options.time_limit_s
+    spent_s = spent_dtime = 0.0  # including attempts that were merged away
     pending: list[str] = []
     index = 0
     while index < len(segments):
@@ -676,15 +677,25 @@ def solve_instance(instance: Instance, options: SolveOptions | None = None,
         else:
             result = _solve_one(sub, sub_options, sub_hint)
         remaining_s = max(0.05, remaining_s - result.solve_time_s)
+        spent_s += result.solve_time_s
+        spent_dtime += result.deterministic_time
         if result.status == "INFEASIBLE" and (last or options.objective == "response"):
             results.append(result)  # a relaxation of the whole is infeasible
-            return _combine(instance, options, results, hint is not None, complete=False)
+            break
+        if not last and result.status == "UNKNOWN":
+            # Too hard to settle within its share: stop splitting and give the
+            # rest of the time to everything that is left, in one model.
+            pending = pending + [t for segment in segments[index:] for t in segment]
+            index = len(segments) - 1
+            segments = segments[:index] + [[]]
+            continue
         if not last and (result.makespan_us is None or result.makespan_us > next_release):
             continue  # it would overlap the next segment: solve the two together
         results.append(result)
         pending = []
-    return _combine(instance, options, results, hint is not None,
-                    complete=results[-1].makespan_us is not None)
+    combined = _combine(instance, options, results, hint is not None,
+                        complete=results[-1].makespan_us is not None)
+    return replace(combined, solve_time_s=spent_s, deterministic_time=spent_dtime)
 
 
 def _combine(instance: Instance, options: SolveOptions, results: list[SolveResult],
