@@ -274,7 +274,8 @@ def diagnosis_rows(diagnosis: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for row in diagnosis:
         spans = row["concurrency_us"]
-        rows.append([row["scenario"], row["budget"], str(row["jobs"]), row["policy"],
+        rows.append([row["scenario"], row["budget"], str(row["jobs"]), f"{row['rho']:.2f}",
+                     row["policy"],
                      "sim" if row["simulated"] else "real", ms(row["mean_us"]),
                      f"{row['makespan_us'] / 1e6:.1f}", f"{row['load_ratio']:.2f}",
                      f"{row['exec_ratio']:.2f}"]
@@ -539,7 +540,7 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
             "load x / exec x = summed real task durations over their profiled durations; "
             "2 / 1 / 0 busy = seconds during which two, one or no task ran.",
             "",
-            markdown_table(["scenario", "budget", "jobs", "policy", "mode", "mean ms",
+            markdown_table(["scenario", "budget", "jobs", "rho", "policy", "mode", "mean ms",
                             "makespan s", "load x", "exec x", "2 busy s", "1 busy s",
                             "0 busy s", "peak rsv MiB", "load avg"], diagnosis_rows(rows)),
             "",

@@ -97,7 +97,8 @@ def run_all(args: argparse.Namespace, scenarios: Sequence[str], budgets: Sequenc
     """Every (scenario, mode, load, budget, p, context) run; oblivious once per p-sweep
     (it ignores the labels), its figures repeated for every p."""
     results: list[dict[str, Any]] = []
-    modes: list[tuple[bool, float]] = [(True, args.rho), (True, ISOLATED_RHO)]
+    modes: list[tuple[bool, float]] = [] if args.real_only else [(True, args.rho),
+                                                                 (True, ISOLATED_RHO)]
     if not args.simulate_only:
         modes.append((False, args.rho))
     for scenario in scenarios:
@@ -113,20 +114,26 @@ def run_all(args: argparse.Namespace, scenarios: Sequence[str], budgets: Sequenc
             for budget in budgets:
                 oblivious: dict[str, Any] | None = None
                 for probability in probabilities:
-                    by_context: dict[str, dict[str, Any]] = {}
-                    for context in contexts:
-                        if context == "oblivious" and oblivious is not None:
-                            by_context[context] = oblivious
-                            continue
-                        by_context[context] = run_case(args.store, scenario, jobs, context,
-                                                       probability, budget, args.workers,
-                                                       simulated)
-                        if context == "oblivious":
-                            oblivious = dict(by_context[context])
+                    repeats = 1 if simulated else args.repeats
+                    runs: dict[str, list[dict[str, Any]]] = {}
+                    for _ in range(repeats):  # contexts in rotation: drift hits all alike
+                        for context in contexts:
+                            if context == "oblivious" and oblivious is not None:
+                                continue
+                            runs.setdefault(context, []).append(run_case(
+                                args.store, scenario, jobs, context, probability, budget,
+                                args.workers, simulated))
+                    by_context = {context: median_run(runs[context]) for context in runs}
+                    if "oblivious" in by_context:
+                        oblivious = dict(by_context["oblivious"])
+                    elif oblivious is not None:
+                        by_context["oblivious"] = oblivious
+                    by_context = {context: by_context[context] for context in contexts}
                     unneeded = unneeded_work(by_context)
                     for figures in by_context.values():
                         figures.pop("groups", None)  # kept only for unneeded_work
                     entry = {"scenario": scenario, "budget": budget, "simulated": simulated,
+                             "repeats": repeats,
                              "isolated": rho == ISOLATED_RHO, "jobs": len(jobs),
                              "probability": probability, "load": dataclasses.asdict(info),
                              "contexts": by_context, "preempt_unneeded": unneeded}
@@ -135,9 +142,18 @@ def run_all(args: argparse.Namespace, scenarios: Sequence[str], budgets: Sequenc
     return results
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median mean response, with every run's mean attached."""
+    ordered = sorted(runs, key=lambda run: run["mean_us"] or 0.0)
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["mean_us_runs"] = [run["mean_us"] for run in runs]
+    return chosen
+
+
 def mode_name(entry: dict[str, Any]) -> str:
     if not entry["simulated"]:
-        return "real"
+        repeats = entry.get("repeats", 1)
+        return "real" if repeats == 1 else f"real, median of {repeats}"
     return "sim isolated" if entry["isolated"] else "sim"
 
 
@@ -166,7 +182,7 @@ def table_rows(results: list[dict[str, Any]], contexts: Sequence[str]) -> list[l
                    default="-")
         row = [entry["scenario"], entry["budget"], mode_name(entry), str(entry["jobs"]),
                f"{entry['probability']:.2f}"]
-        row += [ms(means[c]) for c in contexts]
+        row += [ms(means[c]) + spread(figures[c]) for c in contexts]
         row.append(best)
         if "preempt" in figures:
             preempt = figures["preempt"]
@@ -186,6 +202,14 @@ def table_rows(results: list[dict[str, Any]], contexts: Sequence[str]) -> list[l
         row.append("/".join(str(figures[c]["over_commits"]) for c in contexts))
         rows.append(row)
     return rows
+
+
+def spread(figures: dict[str, Any]) -> str:
+    """' (min-max)' of repeated runs' means, in ms."""
+    runs = [m for m in figures.get("mean_us_runs", []) if m is not None]
+    if len(runs) < 2:
+        return ""
+    return f" ({min(runs) / 1000:.0f}-{max(runs) / 1000:.0f})"
 
 
 def table_header(contexts: Sequence[str]) -> list[str]:
@@ -211,6 +235,8 @@ def plot(results: list[dict[str, Any]], scenarios: Sequence[str], budgets: Seque
     figure, axes = plt.subplots(2, len(columns), squeeze=False,
                                 figsize=(3.4 * len(columns), 5.6))
     styles = {"sim": "-", "real": "--", "sim isolated": ":"}
+    for entry in results:
+        styles.setdefault(mode_name(entry), "-.")
     colours = {"oblivious": "tab:gray", "wait": "tab:blue", "preempt": "tab:orange"}
     for column, (scenario, budget) in enumerate(columns):
         top, bottom = axes[0][column], axes[1][column]
@@ -312,13 +338,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--real-jobs", type=int, default=None,
                         help=f"jobs per real run (default per scenario: {REAL_JOBS})")
     parser.add_argument("--simulate-only", action="store_true", help="skip the real runs")
+    parser.add_argument("--real-only", action="store_true", help="skip the simulated runs")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="real runs per case (contexts in rotation); the median run "
+                             "is reported with the min-max of all (default 1)")
     parser.add_argument("--out", type=Path, default=Path("docs/bench-context.md"))
     parser.add_argument("--json", type=Path, default=None,
                         help="also write every run's figures as JSON here")
     parser.add_argument("--analysis", type=Path, default=None,
                         help="Markdown appended to the doc (the interpretation)")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="rebuild the doc and plot from a --json file instead of running")
+    parser.add_argument("--from-json", default=None,
+                        help="rebuild the doc and plot from --json files (comma-separated; "
+                             "their results are concatenated) instead of running")
     return parser.parse_args(argv)
 
 
@@ -326,9 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     contexts = [c for c in args.contexts.split(",") if c]
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        command, elapsed_s, results = saved["command"], saved["elapsed_s"], saved["results"]
-        args.store, args.workers = saved["args"]["store"], saved["args"]["workers"]
+        files = [json.loads(Path(name).read_text()) for name in args.from_json.split(",")]
+        command = "`, then `".join(saved["command"] for saved in files)
+        elapsed_s = sum(saved["elapsed_s"] for saved in files)
+        results = [entry for saved in files for entry in saved["results"]]
+        args.store, args.workers = files[0]["args"]["store"], files[0]["args"]["workers"]
         scenarios = list(dict.fromkeys(e["scenario"] for e in results))
         budgets = list(dict.fromkeys(e["budget"] for e in results))
     else:
