@@ -154,7 +154,7 @@ def mode_name(entry: dict[str, Any]) -> str:
     if not entry["simulated"]:
         repeats = entry.get("repeats", 1)
         return "real" if repeats == 1 else f"real, median of {repeats}"
-    return "sim isolated" if entry["isolated"] else "sim"
+    return "sim isolated" if entry["isolated"] else f"sim, rho {entry['load']['rho']:.2f}"
 
 
 def print_entry(entry: dict[str, Any], contexts: Sequence[str]) -> None:
@@ -234,9 +234,10 @@ def plot(results: list[dict[str, Any]], scenarios: Sequence[str], budgets: Seque
     columns = [(s, b) for s in scenarios for b in budgets]
     figure, axes = plt.subplots(2, len(columns), squeeze=False,
                                 figsize=(3.4 * len(columns), 5.6))
-    styles = {"sim": "-", "real": "--", "sim isolated": ":"}
+    styles: dict[str, Any] = {}
+    patterns = ["-", ":", "--", "-.", (0, (1, 3)), (0, (5, 1))]
     for entry in results:
-        styles.setdefault(mode_name(entry), "-.")
+        styles.setdefault(mode_name(entry), patterns[len(styles) % len(patterns)])
     colours = {"oblivious": "tab:gray", "wait": "tab:blue", "preempt": "tab:orange"}
     for column, (scenario, budget) in enumerate(columns):
         top, bottom = axes[0][column], axes[1][column]
