@@ -204,3 +204,44 @@ def test_run_bad_workloads_exit_2_with_path(store, tmp_path, capsys, text, expec
     error = capsys.readouterr().err
     assert str(workload) in error and expected in error
     assert error.count("\n") == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize("policy", ["bulk", "deepeye"])
+def test_memory_oblivious_policies_report_their_peak_over_the_budget(manifests, feeds, policy):
+    from masa.report import build_report
+
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+    budget_bytes = 64 * 1024
+    graph, result = _run(manifests, feeds, jobs, policy=policy, budget_bytes=budget_bytes)
+    assert result.peak_reserved_bytes > budget_bytes
+    assert result.over_commits and {o.reason for o in result.over_commits} == {"oblivious"}
+    report = build_report(graph, result.schedule, workers=2, memory_budget_bytes=budget_bytes,
+                          policy=policy, over_commits=result.over_commits)
+    assert report["summary"]["over_budget"] is True
+    assert report["summary"]["peak_reserved_bytes"] > budget_bytes
+    _assert_clean(graph, result, 2, budget_bytes)
+
+
+def test_measured_memory_source_reconciles_and_stays_correct(manifests, feeds):
+    """Memory the process holds outside the ledger's model shrinks the budget it sees."""
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    budget_bytes = 256 * MIB
+    hog: list[np.ndarray] = []
+
+    def inputs_for(job_id, network, upstream):
+        if not hog:  # 96 MiB the scheduler knows nothing about, touched so it is resident
+            hog.append(np.ones(96 * MIB // 8, dtype=np.float64))
+        return feeds[network]
+
+    executor = RealExecutor(
+        graph, manifests, {job.job_id: job.arrival_us for job in jobs}, inputs_for,
+        RealRunConfig(workers=2, memory_budget_bytes=budget_bytes, memory_source="measured"),
+    )
+    result = executor.run()
+    assert set(result.group_status.values()) == {"done"}
+    assert executor.state.ledger.budget_bytes < budget_bytes - 64 * MIB
+    expected = run_stages(manifests["agenet"], feeds["agenet"])
+    for name, value in expected.items():
+        assert np.array_equal(result.outputs["j1/agenet"][name], value)
+    assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
