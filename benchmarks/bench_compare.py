@@ -602,6 +602,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
+    diagnose_rho = args.rho  # the headline rho below may come from the JSON file
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         command, elapsed_s = saved["command"], saved["elapsed_s"]
@@ -623,8 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         diagnosis = []
     if args.diagnose:
         scenario, budget, count = args.diagnose.split(":")
-        rows = diagnose(Path(args.store), scenario, budget, args.rho, int(count), args.workers,
-                        policies)
+        rows = diagnose(Path(args.store), scenario, budget, diagnose_rho, int(count),
+                        args.workers, policies)
         rows[0]["command"] = "python benchmarks/bench_compare.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         diagnosis.append(rows)

@@ -97,8 +97,9 @@ def run_all(args: argparse.Namespace, scenarios: Sequence[str], budgets: Sequenc
     """Every (scenario, mode, load, budget, p, context) run; oblivious once per p-sweep
     (it ignores the labels), its figures repeated for every p."""
     results: list[dict[str, Any]] = []
-    modes: list[tuple[bool, float]] = [] if args.real_only else [(True, args.rho),
-                                                                 (True, ISOLATED_RHO)]
+    modes: list[tuple[bool, float]] = [] if args.real_only else [(True, args.rho)]
+    if not args.real_only and args.isolated_jobs > 0:
+        modes.append((True, ISOLATED_RHO))
     if not args.simulate_only:
         modes.append((False, args.rho))
     for scenario in scenarios:
@@ -335,7 +336,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="offered load of the oblivious workload (default 0.6)")
     parser.add_argument("--sim-jobs", type=int, default=200, help="jobs per simulated run")
     parser.add_argument("--isolated-jobs", type=int, default=40,
-                        help="jobs per isolated (rho 0.05) simulated run")
+                        help="jobs per isolated (rho 0.05) simulated run (0: none)")
     parser.add_argument("--real-jobs", type=int, default=None,
                         help=f"jobs per real run (default per scenario: {REAL_JOBS})")
     parser.add_argument("--simulate-only", action="store_true", help="skip the real runs")
