@@ -11,12 +11,11 @@ For each of the paper's nine networks (workloads/zoo.py, scale 1) this script:
   in wall time (the target: <= 1.05 on every model) and in the calling
   thread's CPU time (with one intra-op thread ORT computes on the calling
   thread, so this one is robust to other processes sharing the cores);
-- repeats the runs with the same session options but without the glibc mmap
-  threshold pin that `create_session` applies (diagnostic: every buffer over
-  128 KiB is then mmapped and faulted in afresh on every run, and a chain has
-  more such buffers than one whole-model run), and once more also with graph
-  optimisation level ORT_ENABLE_EXTENDED instead of ALL (diagnostic: no NCHWc
-  layout transformer, so no layout reorders at the stage boundaries);
+- repeats the runs on a coarser split (`--min-stage-bytes 1MiB`: consecutive
+  stages merged until each holds 1 MiB of weights), and once more on the
+  default split with graph optimisation level ORT_ENABLE_EXTENDED instead of
+  ALL (diagnostic: no NCHWc layout transformer, so no layout reorders at the
+  stage boundaries);
 - checks that the chain's outputs equal the whole model's.
 Each measurement runs in a fresh (spawned) process, so the variants do not
 share allocator state.
@@ -52,7 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.05
 
 
-VARIANTS = ("create_session", "no_mmap_pin", "no_mmap_pin_extended")
+VARIANTS = ("create_session", "coarse", "extended")
+COARSE_STAGE_BYTES = MIB
 
 
 @dataclass(frozen=True)
@@ -84,26 +84,27 @@ class SplitResult:
     build_s: float
     split_s: float
     times: dict[str, RunTimes]  # by variant
+    coarse_stages: int
 
     @property
     def ratio(self) -> float:
         return self.times["create_session"].ratio
 
 
-def split_into_store(model_path: Path, network_dir: Path, name: str) -> NetworkManifest:
+def split_into_store(model_path: Path, network_dir: Path, name: str,
+                     min_stage_weight_bytes: int = 0) -> NetworkManifest:
     """The preparator's public split entry point (no profiling)."""
-    return split_model(model_path, network_dir, name)
+    return split_model(model_path, network_dir, name,
+                       min_stage_weight_bytes=min_stage_weight_bytes)
 
 
 def _session(path: Path, variant: str) -> ort.InferenceSession:
-    if variant == "create_session":
+    if variant != "extended":
         return create_session(path, intra_op_threads=1)
-    # Same shared options, but glibc's mmap threshold is left to its default.
     options = session_options(1)
-    if variant == "no_mmap_pin_extended":
-        # Below ORT_ENABLE_ALL: no NCHWc layout transformer, so no layout
-        # reorders at stage boundaries (and slower convolutions overall).
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    # Below ORT_ENABLE_ALL: no NCHWc layout transformer, so no layout
+    # reorders at stage boundaries (and slower convolutions overall).
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     return ort.InferenceSession(str(path), sess_options=options,
                                 providers=["CPUExecutionProvider"])
 
@@ -168,41 +169,44 @@ def bench_one(name: str, work_dir: Path, runs: int, seed: int) -> SplitResult:
     start = time.perf_counter()
     manifest = split_into_store(model_path, network_dir, name)
     split_s = time.perf_counter() - start
+    coarse_dir = work_dir / "coarse" / name
+    coarse = split_into_store(model_path, coarse_dir, name, COARSE_STAGE_BYTES)
     release_memory()
 
     context = multiprocessing.get_context("spawn")
     times = {}
     for variant in VARIANTS:
         with context.Pool(1) as pool:
+            directory = coarse_dir if variant == "coarse" else network_dir
             times[variant] = pool.apply(measure_runs,
-                                        (model_path, network_dir, variant, runs, seed))
+                                        (model_path, directory, variant, runs, seed))
     return SplitResult(
         name=name, model_mib=model_path.stat().st_size / MIB, stages=len(manifest.stages),
         conv_stages=sum(s.layer_type == "conv" for s in manifest.stages),
         fc_stages=sum(s.layer_type == "fc" for s in manifest.stages),
-        build_s=build_s, split_s=split_s, times=times,
+        build_s=build_s, split_s=split_s, times=times, coarse_stages=len(coarse.stages),
     )
 
 
 def markdown_table(results: list[SplitResult]) -> str:
     lines = [
         "| network | model MiB | stages (conv/fc) | build s | split s | whole ms | "
-        "sum of stages ms | ratio | CPU-time ratio | CPU-time ratio without mmap pin | "
-        "... and without NCHWc | max abs diff |",
+        "sum of stages ms | ratio | CPU-time ratio | coarse split: stages, ratio (CPU) | "
+        "without NCHWc: ratio (CPU) | max abs diff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        main, plain = r.times["create_session"], r.times["no_mmap_pin"]
-        extended = r.times["no_mmap_pin_extended"]
+        main, coarse = r.times["create_session"], r.times["coarse"]
+        extended = r.times["extended"]
         mark = "" if main.ratio <= TARGET_RATIO else " (over)"
         cpu_mark = "" if main.cpu_ratio <= TARGET_RATIO else " (over)"
         lines.append(
             f"| {ZOO_SPECS[r.name].paper_name} | {r.model_mib:.1f} | {r.stages} "
             f"({r.conv_stages}/{r.fc_stages}) | {r.build_s:.1f} | {r.split_s:.2f} | "
             f"{main.whole_ms:.1f} | {main.chain_ms:.1f} | {main.ratio:.3f}{mark} | "
-            f"{main.cpu_ratio:.3f}{cpu_mark} | {plain.cpu_ratio:.3f} | "
-            f"{extended.cpu_ratio:.3f} (whole model "
-            f"{extended.whole_cpu_ms / plain.whole_cpu_ms:.2f}x the CPU time) | "
+            f"{main.cpu_ratio:.3f}{cpu_mark} | {r.coarse_stages}, {coarse.ratio:.3f} "
+            f"({coarse.cpu_ratio:.3f}) | {extended.cpu_ratio:.3f} (whole model "
+            f"{extended.whole_cpu_ms / main.whole_cpu_ms:.2f}x the CPU time) | "
             f"{max(t.max_abs_diff for t in r.times.values()):.1e} |")
     return "\n".join(lines)
 
@@ -213,13 +217,11 @@ def diagnosis(results: list[SplitResult]) -> str:
         return ", ".join(ZOO_SPECS[r.name].paper_name for r in keep) or "none"
 
     over = [r for r in results if r.times["create_session"].cpu_ratio > TARGET_RATIO]
-    pin_only = [r for r in over if r.times["no_mmap_pin"].cpu_ratio <= TARGET_RATIO]
-    layout = [r for r in over if r not in pin_only
-              and r.times["no_mmap_pin_extended"].cpu_ratio <= TARGET_RATIO]
-    rest = [r for r in over if r not in pin_only and r not in layout]
-    return (f"Over the target in CPU time: {names(over)}. Within it once the mmap pin is "
-            f"gone: {names(pin_only)}. Within it only once NCHWc layout reorders are gone "
-            f"too: {names(layout)}. Over it even then: {names(rest)}.")
+    coarse = [r for r in over if r.times["coarse"].cpu_ratio <= TARGET_RATIO]
+    layout = [r for r in over if r.times["extended"].cpu_ratio <= TARGET_RATIO]
+    return (f"Over the target in CPU time with one weighted operator per stage: "
+            f"{names(over)}. Within it with the coarse split: {names(coarse)}. Within it "
+            f"without NCHWc layout reorders (at a slower whole model): {names(layout)}.")
 
 
 def write_report(results: list[SplitResult], runs: int, path: Path) -> None:
@@ -243,13 +245,14 @@ the Python glue between them). Ratio = sum of stages / whole, target <= {TARGET_
 - "CPU-time ratio": the same runs measured in the calling thread's CPU time
   (with one intra-op thread ONNX Runtime computes on the calling thread), which
   other processes competing for the cores do not inflate.
-- "CPU-time ratio without mmap pin": same session options, in a fresh process
-  that never calls `create_session`, so glibc's mmap threshold keeps its
-  default dynamic behaviour instead of the 128 KiB pin `create_session` applies.
-- "... and without NCHWc": also at graph optimisation level ORT_ENABLE_EXTENDED
-  instead of ALL, so ONNX Runtime's NCHWc layout transformer is off and no
-  stage converts its input into the blocked layout and its output back; the
-  whole model's CPU time is then the factor given times that without the pin.
+- "coarse split": the same model split with `--min-stage-bytes 1MiB`
+  (consecutive stages merged until each holds 1 MiB of weights): its stage
+  count, and its ratio in wall (CPU) time.
+- "without NCHWc": the default split at graph optimisation level
+  ORT_ENABLE_EXTENDED instead of ALL, so ONNX Runtime's NCHWc layout
+  transformer is off and no stage converts its input into the blocked layout
+  and its output back (CPU-time ratio vs the whole model at the same level; the
+  whole model's CPU time is then the factor given times that at ALL).
 - The diagnostic columns give CPU-time ratios only: on a shared machine the
   wall-time ratios of separate runs are too noisy to compare.
 - "max abs diff": the stage chain's outputs vs the whole model's.
@@ -257,9 +260,9 @@ the Python glue between them). Ratio = sum of stages / whole, target <= {TARGET_
 {markdown_table(results)}
 
 Worst ratio: {worst.ratio:.3f} ({ZOO_SPECS[worst.name].paper_name}) in wall time,
-{max(r.times["create_session"].cpu_ratio for r in results):.3f} in CPU time; in CPU
-time without the mmap pin {max(r.times["no_mmap_pin"].cpu_ratio for r in results):.3f},
-without the pin and NCHWc {max(r.times["no_mmap_pin_extended"].cpu_ratio for r in results):.3f}.
+{max(r.times["create_session"].cpu_ratio for r in results):.3f} in CPU time; with the
+coarse split {max(r.times["coarse"].ratio for r in results):.3f} in wall time,
+{max(r.times["coarse"].cpu_ratio for r in results):.3f} in CPU time.
 {"All networks meet the target (wall time)." if not over else
  "Over the target in wall time: " + ", ".join(over) + "."}
 {diagnosis(results)}
@@ -289,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         main_times = result.times["create_session"]
         print(f"{name}: split {result.split_s:.2f} s, whole {main_times.whole_ms:.1f} ms, "
               f"stages {main_times.chain_ms:.1f} ms, ratio {main_times.ratio:.3f} "
-              f"(CPU {main_times.cpu_ratio:.3f}; without mmap pin "
-              f"{result.times['no_mmap_pin'].ratio:.3f})", flush=True)
+              f"(CPU {main_times.cpu_ratio:.3f}; coarse split, {result.coarse_stages} "
+              f"stages: {result.times['coarse'].ratio:.3f})", flush=True)
     print(markdown_table(results))
     print(diagnosis(results))
     write_report(results, args.runs, args.out)

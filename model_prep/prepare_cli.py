@@ -28,6 +28,7 @@ import numpy as np
 
 from masa.errors import UserError
 from masa.progress import ProgressBar
+from masa.units import parse_memory_bytes
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.split import (
     DEFAULT_MAX_CUT_TENSORS,
@@ -67,6 +68,7 @@ def prepare_network(
     seed: int = 0,
     verify_feeds: Mapping[str, np.ndarray] | None = None,
     max_cut_tensors: int = DEFAULT_MAX_CUT_TENSORS,
+    min_stage_weight_bytes: int = 0,
     show_progress: bool | None = None,
 ) -> PreparedNetwork:
     """Split (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
@@ -90,7 +92,9 @@ def prepare_network(
         started_s = time.perf_counter()
         with ProgressBar(f"split {name}", enabled=show_progress) as bar:
             manifest = split_model(model_path, network_dir, name, input_shapes,
-                                   max_cut_tensors=max_cut_tensors, progress=bar)
+                                   max_cut_tensors=max_cut_tensors,
+                                   min_stage_weight_bytes=min_stage_weight_bytes,
+                                   progress=bar)
         split_time_s = time.perf_counter() - started_s
         verify_result = None
         if verify:
@@ -206,6 +210,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-cut-tensors", type=int, default=DEFAULT_MAX_CUT_TENSORS,
                         help="merge stages rather than cut where more tensors than this "
                              "would cross the cut (default %(default)s)")
+    parser.add_argument("--min-stage-bytes", default="0", metavar="SIZE",
+                        help="merge consecutive stages until each holds this many weight "
+                             "bytes, e.g. 1MiB (default 0: one weighted operator per stage)")
     parser.set_defaults(handler=_prepare_command)
 
     verify_parser = subparsers.add_parser(
@@ -239,7 +246,9 @@ def _prepare_command(args: argparse.Namespace) -> int:
         args.model, args.store, args.name, input_shapes,
         profile=not args.no_profile, profile_runs=args.runs,
         verify=args.verify or feeds is not None, seed=args.seed, verify_feeds=feeds,
-        max_cut_tensors=args.max_cut_tensors, show_progress=show_progress,
+        max_cut_tensors=args.max_cut_tensors,
+        min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
+        show_progress=show_progress,
     )
     manifest = prepared.manifest
     if not getattr(args, "quiet", False):

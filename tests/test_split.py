@@ -391,3 +391,19 @@ def test_progress_bar_draws_on_a_terminal_only() -> None:
     quiet = _FakeTerminal()
     ProgressBar("split", stream=quiet, enabled=False)(1, 1, "s000")
     assert pipe.getvalue() == "" and quiet.getvalue() == ""
+
+
+def test_min_stage_bytes_merges_small_stages_and_keeps_outputs(tmp_path: Path) -> None:
+    """Coarsening GoogLeNet-like branches (Inception v1) still equals the whole model."""
+    model_path = Path(str(LIGHT_DIR.joinpath("light_inception_v1.onnx")))
+    fine = split_model(model_path, tmp_path / "fine", "fine")
+    min_bytes = 2 * 2**20
+    coarse = split_model(model_path, tmp_path / "coarse", "coarse",
+                         min_stage_weight_bytes=min_bytes)
+    assert len(coarse.stages) < len(fine.stages) / 3
+    assert sum(s.weight_bytes for s in coarse.stages) == sum(s.weight_bytes for s in fine.stages)
+    # Every stage but the last reaches the minimum; merged ones say why.
+    assert all(s.weight_bytes >= min_bytes for s in coarse.stages[:-1])
+    assert any(s.note and "--min-stage-bytes" in s.note for s in coarse.stages)
+    result = verify_network(coarse, model_path, _rng())
+    assert result.ok
