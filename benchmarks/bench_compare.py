@@ -467,7 +467,9 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
     lines = [
         "# Policy comparison: Masa vs Bulk vs DeepEye (issue 3, section 6)",
         "",
-        f"Produced by `{command}` in {elapsed_s / 60:.1f} min.",
+        f"Produced by `{command}` in {elapsed_s / 60:.1f} min of runs"
+        + (f"; this page rendered from its JSON by `python benchmarks/%s "
+           f"{' '.join(sys.argv[1:])}`." % "bench_compare.py" if args.from_json else "."),
         "",
         f"Machine: {machine_note()}",
         "",

@@ -286,7 +286,9 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
     lines = [
         "# Context-aware execution: oblivious vs CA-wait vs CA-preempt (issue 4, section 5)",
         "",
-        f"Produced by `{command}` in {elapsed_s / 60:.1f} min.",
+        f"Produced by `{command}` in {elapsed_s / 60:.1f} min of runs"
+        + (f"; this page rendered from its JSON by `python benchmarks/%s "
+           f"{' '.join(sys.argv[1:])}`." % "bench_context.py" if args.from_json else "."),
         "",
         f"Machine: {machine_note()}",
         "",
