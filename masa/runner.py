@@ -172,7 +172,7 @@ def _controller(prepared: PreparedRun, simulate: bool) -> ContextController | No
     workload = prepared.workload
     warned: set[str] = set()
 
-    def decide(job_id: int, network: str, upstream_outputs: Mapping) -> bool:  # noqa: ANN001
+    def decide(job_id: int, network: str, upstream_outputs: Mapping) -> bool:
         if simulate:
             node = workload.node(network)
             if any(c.kind in TENSOR_PREDICATE_KINDS or c.kind == "call" for c in node.when):
@@ -230,7 +230,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
     workload = prepared.workload
     manifests = prepared.manifests
 
-    def inputs_for(job_id: int, network: str, upstream_outputs: Mapping) -> dict:  # noqa: ANN001
+    def inputs_for(job_id: int, network: str, upstream_outputs: Mapping) -> dict:
         return network_inputs(workload, manifests[network], job_id, upstream_outputs)
 
     executor = RealExecutor(
