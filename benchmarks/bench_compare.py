@@ -482,8 +482,9 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "Load: arrivals are set from the offered load rho = arrival rate x expected job "
         "work / workers, job work being the profiled LOAD + EXEC time of the job's "
         "networks; `intensity` is the paper's traffic intensity (rate x mean network "
-        "time, LOAD included) for the same rate. Real runs contend for the 2 shared cores, "
-        "so their effective load is higher than rho.",
+        "time, LOAD included) for the same rate. Real task durations differ from the "
+        "profile (0.4-2.4x here, see busy/profiled and the diagnosis tables), so a real "
+        "run's actual load differs from its nominal rho.",
         "",
         "Columns: mean job response (arrival to last network finished) per policy; "
         "`masa vs X` = masa mean / X mean - 1 (negative: Masa faster); peak reserved = "
@@ -491,6 +492,7 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "over-budget peaks show); peak measured = process RSS above the run's baseline "
         "(real runs only); over-commits = progress-rule dispatches above the budget.",
         "",
+        *analysis_lines(args),
         f"## Headline: rho = {args.rho}",
         "",
         markdown_table(result_header(policies), result_rows(results, policies)),
@@ -550,9 +552,14 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
                             "0 busy s", "peak rsv MiB", "load avg"], diagnosis_rows(rows)),
             "",
         ]
-    if args.analysis and Path(args.analysis).is_file():
-        lines += [Path(args.analysis).read_text().rstrip(), ""]
     atomic_write_text(path, "\n".join(lines))
+
+
+def analysis_lines(args: argparse.Namespace) -> list[str]:
+    """The --analysis Markdown (the interpretation), placed before the tables."""
+    if args.analysis and Path(args.analysis).is_file():
+        return [Path(args.analysis).read_text().rstrip(), "", "# The figures", ""]
+    return []
 
 
 def print_entry(entry: dict[str, Any], policies: Sequence[str]) -> None:

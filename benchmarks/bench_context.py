@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_compare import (
+    analysis_lines,
     figure_png,
     machine_note,
     markdown_table,
@@ -234,7 +235,7 @@ def plot(results: list[dict[str, Any]], scenarios: Sequence[str], budgets: Seque
     plt = pyplot()
     columns = [(s, b) for s in scenarios for b in budgets]
     figure, axes = plt.subplots(2, len(columns), squeeze=False,
-                                figsize=(3.4 * len(columns), 5.6))
+                                figsize=(3.4 * len(columns), 7.5))
     styles: dict[str, Any] = {}
     patterns = ["-", ":", "--", "-.", (0, (1, 3)), (0, (5, 1))]
     for entry in results:
@@ -251,26 +252,31 @@ def plot(results: list[dict[str, Any]], scenarios: Sequence[str], budgets: Seque
             xs = [e["probability"] for e in entries]
             for context in contexts:
                 top.plot(xs, [(e["contexts"][context]["mean_us"] or 0) / 1e6 for e in entries],
-                         style, marker="o", markersize=3, color=colours.get(context),
+                         linestyle=style, marker="o", markersize=3, color=colours.get(context),
                          label=f"{context} ({mode})")
             if "preempt" in contexts:
                 bottom.plot(xs, [e["contexts"]["preempt"]["wasted_us"] / 1e6 / e["jobs"]
-                                 for e in entries], style, marker="o", markersize=3,
+                                 for e in entries], linestyle=style, marker="o", markersize=3,
                             color="tab:orange", label=f"wasted_us ({mode})")
                 bottom.plot(xs, [(e.get("preempt_unneeded") or {}).get("work_us", 0) / 1e6
-                                 / e["jobs"] for e in entries], style, marker="x",
+                                 / e["jobs"] for e in entries], linestyle=style, marker="x",
                             markersize=4, color="tab:red", label=f"unneeded work ({mode})")
+        top.set_yscale("log")  # overloaded runs sit 100x above the others
         top.set_title(f"{scenario}, {budget}", fontsize=9)
         top.set_ylabel("mean job response (s)")
         bottom.set_ylabel("preempt wasted work (s/job)")
         bottom.set_xlabel("label probability p")
         for axis in (top, bottom):
             axis.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=6)
-    axes[1][0].legend(fontsize=6)
+    handles, labels = [], []
+    for axis in (axes[0][0], axes[1][0]):  # every mode appears in the first column
+        more_handles, more_labels = axis.get_legend_handles_labels()
+        handles += more_handles
+        labels += more_labels
+    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
     figure.suptitle("Context-aware execution (policy masa): oblivious / CA-wait / CA-preempt",
                     fontsize=10)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.2, 1, 1))
     atomic_write_bytes(path, figure_png(figure))
 
 
@@ -316,13 +322,12 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "and peak measured (RSS above baseline, real runs); over-commits = progress-rule "
         "dispatches above the budget.",
         "",
+        *analysis_lines(args),
         "![context](bench-context.png)",
         "",
         markdown_table(table_header(contexts), table_rows(results, contexts)),
         "",
     ]
-    if args.analysis and Path(args.analysis).is_file():
-        lines += [Path(args.analysis).read_text().rstrip(), ""]
     atomic_write_text(path, "\n".join(lines))
 
 
