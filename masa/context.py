@@ -89,46 +89,65 @@ class ContextController:
                 if self._upstreams_in_job(job_id, network)]
 
     def group_ended(self, group: str, status: GroupStatus, control: GroupControl,
-                    upstream_outputs: UpstreamOutputs | None = None) -> None:
+                    upstream_outputs: UpstreamOutputs | None = None) -> list[str]:
         """A network instance ended: decide the fate of its direct downstreams.
 
         upstream_outputs: the outputs of the job's finished networks (real runs).
+        Returns the groups newly found unnecessary (skipped or aborted), including
+        any that already finished under CA-preempt: their results must be
+        discarded.
         """
         self.ended[group] = status
         if not self.active:
-            return
+            return []
         job_id, network = parse_group(group)
+        doomed: list[str] = []
         for downstream in self.downstreams.get(network, ()):
             down_group = group_id(job_id, downstream)
-            if downstream not in self.job_networks.get(job_id, ()) or \
-                    down_group in self.outcome or down_group in self.ended:
+            if downstream not in self.job_networks.get(job_id, ()) or down_group in self.outcome:
                 continue
+            down_status = self.ended.get(down_group)
+            if down_status is not None and down_status is not GroupStatus.DONE:
+                continue  # it failed or was cancelled on its own: nothing to decide
             ups = self._upstreams_in_job(job_id, downstream)
             statuses = [self.ended.get(group_id(job_id, up)) for up in ups]
             if any(s is None for s in statuses):
                 continue  # another upstream is still running
             if all(s is GroupStatus.DONE for s in statuses) and self.decide(job_id, downstream,
                                                                      upstream_outputs or {}):
-                # Lifts the CA-wait gate; in CA-preempt it tells the executor that
-                # the upstream outputs a derived input needs are now there.
-                control.open(down_group)
+                if down_status is None:
+                    # Lifts the CA-wait gate; in CA-preempt it tells the executor
+                    # that the upstream outputs a derived input needs are there.
+                    control.open(down_group)
                 continue
             reason = (f"upstream {network!r} did not complete"
                       if any(s is not GroupStatus.DONE for s in statuses)
                       else "condition did not hold")
-            self._cancel_with_downstreams(job_id, downstream, reason, control)
+            doomed += self._cancel_with_downstreams(job_id, downstream, reason, control)
+        return doomed
 
     def _cancel_with_downstreams(self, job_id: int, network: str, reason: str,
-                                 control: GroupControl) -> None:
+                                 control: GroupControl) -> list[str]:
+        """Skip or abort a network and its transitive downstreams; returns those labelled.
+
+        Under CA-preempt a downstream may already have finished before its
+        upstream's verdict: it is aborted all the same (its results discarded,
+        its work counted as wasted). One that failed on its own stays failed.
+        """
         label = "skipped" if self.mode == "wait" else "aborted"
-        doomed = [network] + self._transitive_downstreams(job_id, network)
-        for name in doomed:
-            self.outcome.setdefault(group_id(job_id, name), label)
-        for name in doomed:
-            group = group_id(job_id, name)
+        doomed = [group_id(job_id, name)
+                  for name in [network] + self._transitive_downstreams(job_id, network)]
+        labelled = [group for group in doomed
+                    if group not in self.outcome
+                    and self.ended.get(group, GroupStatus.DONE) is GroupStatus.DONE]
+        for group in labelled:
+            self.outcome[group] = label
+        for group in labelled:
             if group not in self.ended:
-                why = reason if name == network else f"upstream {network!r} is not needed"
+                why = (reason if group == doomed[0]
+                       else f"upstream {network!r} is not needed")
                 control.cancel(group, why)
+        return labelled
 
     def _transitive_downstreams(self, job_id: int, network: str) -> list[str]:
         in_job = self.job_networks.get(job_id, ())

@@ -442,7 +442,9 @@ class RealExecutor:
             self.pending_unload = True
             if self.context is not None:
                 job_id = parse_group(group)[0]
-                self.context.group_ended(group, status, self, self.upstream_outputs(job_id))
+                for doomed in self.context.group_ended(group, status, self,
+                                                       self.upstream_outputs(job_id)):
+                    self.outputs.pop(doomed, None)  # an aborted network's results go
             if not self.config.keep_outputs:
                 self._forget_finished_job(parse_group(group)[0])
         if events.ended_groups or events.newly_cancelled:

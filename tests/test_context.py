@@ -138,3 +138,37 @@ def test_many_jobs_with_aborts_leave_no_memory_behind(small_zoo_store, tmp_path)
     _check_clean(outcome)
     release_memory()
     assert rss_bytes() <= after_first_bytes * 1.05
+
+
+class _RecordingControl:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def open(self, group: str) -> None:
+        self.calls.append(("open", group))
+
+    def cancel(self, group: str, reason: str) -> None:
+        self.calls.append(("cancel", group))
+
+
+def test_preempt_aborts_a_downstream_that_finished_before_the_verdict():
+    from masa.context import ContextController
+    from masa.core import GroupStatus
+
+    controller = ContextController(
+        "preempt", {"age": ("face",), "emotion": ("age",)},
+        decide=lambda job_id, network, outputs: network != "age")
+    control = _RecordingControl()
+    controller.register_job(0, ("face", "age", "emotion"))
+    # CA-preempt ran age and emotion early: both finished before face did.
+    assert controller.group_ended("j0/age", GroupStatus.DONE, control) == []
+    assert controller.group_ended("j0/emotion", GroupStatus.DONE, control) == []
+    doomed = controller.group_ended("j0/face", GroupStatus.DONE, control)
+    assert doomed == ["j0/age", "j0/emotion"]  # transitively, finished or not
+    assert controller.network_status("j0/age", "done") == "aborted"
+    assert controller.network_status("j0/emotion", "done") == "aborted"
+    assert controller.network_status("j0/face", "done") == "done"
+    # Only the open of emotion when age ended (age's own verdict); nothing was
+    # running any more when face ended, so nothing to cancel.
+    assert control.calls == [("open", "j0/emotion")]
+
