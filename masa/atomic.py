@@ -6,9 +6,11 @@ happened or it did not.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -28,3 +30,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_save_png(figure: Any, path: str | Path, dpi: int = 110) -> None:
+    """Render a matplotlib figure to PNG and write it atomically."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from masa.atomic import atomic_write_bytes
+from masa.atomic import atomic_save_png, atomic_write_bytes
 from masa.errors import UserError
 from masa.executor import MEMORY_SOURCES, RealExecutor, RealRunConfig
 from masa.jobs import build_job_graph, group_id
@@ -180,10 +180,8 @@ def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) 
     right.legend()
     figure.suptitle(title)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    atomic_save_png(figure, path)
     plt.close(figure)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def compare_command(args: argparse.Namespace) -> int:

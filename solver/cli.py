@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from masa.atomic import atomic_write_bytes
+from masa.atomic import atomic_save_png
 from masa.errors import UserError
 from masa.taskgraph import ScheduledTask
 from masa.units import parse_memory_bytes
@@ -327,10 +326,8 @@ def write_gantt(instance: Instance, schedule: Sequence[ScheduledTask], path: str
     memory.set_xlabel(f"time ({instance.time_unit})")
     memory.legend(loc="upper right", fontsize=7)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    atomic_save_png(figure, path)
     plt.close(figure)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------- command line
