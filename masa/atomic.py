@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     target = Path(path)
@@ -22,6 +25,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             temp_file.write(data)
             temp_file.flush()
             os.fsync(temp_file.fileno())
+        # mkstemp creates 0600; give the file the mode a plain open() would.
+        os.chmod(temp_name, 0o666 & ~_UMASK)
         os.replace(temp_name, target)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
