@@ -245,3 +245,13 @@ def test_measured_memory_source_reconciles_and_stays_correct(manifests, feeds):
     for name, value in expected.items():
         assert np.array_equal(result.outputs["j1/agenet"][name], value)
     assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
+
+
+def test_demo_runs_the_three_policies_and_prints_the_comparison(tmp_path, capsys):
+    assert main(["-q", "demo", "--store", str(tmp_path / "demo"), "--scale", "0.05",
+                 "--jobs", "2", "--interval-ms", "5"]) == 0
+    out = capsys.readouterr().out
+    for policy in ("masa", "bulk", "deepeye"):
+        assert any(line.startswith(policy + " ") for line in out.splitlines())
+    assert "masa vs bulk" in out
+    assert sum(line.startswith("stage ") for line in out.splitlines()) == 4  # 4 tables

@@ -247,3 +247,17 @@ def test_masa_zoo_bad_arguments_exit_2_with_one_line(
     assert expected in err
     assert "Traceback" not in err
     assert not store.exists()
+
+
+@pytest.mark.parametrize("scale", [0.03, 0.05, 0.07])
+def test_grouped_convolutions_stay_valid_at_odd_scales(scale):
+    """AlexNet-family grouped convs need input widths divisible by the group."""
+    import numpy as np
+    import onnxruntime as ort
+
+    for name in ("facenet", "sos", "memnet", "scenenet"):
+        model = build_model(name, scale=scale)
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        spec = session.get_inputs()[0]
+        session.run(None, {spec.name: np.zeros(spec.shape, dtype=np.float32)})

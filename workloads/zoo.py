@@ -271,7 +271,7 @@ def _levi_hassner(net: _Net, x: str, classes: int) -> str:
     x = net.lrn(net.max_pool(x, "pool1", 3, 2, ceil=True), "norm1")
     x = net.relu(net.conv(x, "conv2", net.width(256), 5, pad=2), "relu2")
     x = net.lrn(net.max_pool(x, "pool2", 3, 2, ceil=True), "norm2")
-    x = net.relu(net.conv(x, "conv3", net.width(384), 3, pad=1), "relu3")
+    x = net.relu(net.conv(x, "conv3", net.width(384, 2), 3, pad=1), "relu3")
     x = net.flatten(net.max_pool(x, "pool5", 3, 2, ceil=True), "flatten")
     x = net.relu(net.gemm(x, "fc6", net.width(512)), "relu6")
     x = net.relu(net.gemm(x, "fc7", net.width(512)), "relu7")
@@ -287,10 +287,12 @@ def _alexnet_family(net: _Net, x: str, outputs: int, lrn_before_pool: bool,
             return net.max_pool(net.lrn(y, f"norm{index}"), f"pool{index}", 3, 2)
         return net.lrn(net.max_pool(y, f"pool{index}", 3, 2), f"norm{index}")
 
-    x = pool_and_norm(net.relu(net.conv(x, "conv1", net.width(96), 11, stride=4), "relu1"), 1)
+    # Widths feeding a grouped conv stay multiples of its group at every scale.
+    x = pool_and_norm(net.relu(net.conv(x, "conv1", net.width(96, 2), 11, stride=4), "relu1"),
+                      1)
     x = net.relu(net.conv(x, "conv2", net.width(256, 2), 5, pad=2, group=2), "relu2")
     x = pool_and_norm(x, 2)
-    x = net.relu(net.conv(x, "conv3", net.width(384), 3, pad=1), "relu3")
+    x = net.relu(net.conv(x, "conv3", net.width(384, 2), 3, pad=1), "relu3")
     x = net.relu(net.conv(x, "conv4", net.width(384, 2), 3, pad=1, group=2), "relu4")
     x = net.relu(net.conv(x, "conv5", net.width(256, 2), 3, pad=1, group=2), "relu5")
     x = net.flatten(net.max_pool(x, "pool5", 3, 2), "flatten")
