@@ -123,7 +123,8 @@ def prepare_network(
                            split_time_s, profile_time_s)
 
 
-def _check_store(store: Path, final_dir: Path) -> None:
+def ensure_store(store: Path) -> None:
+    """Create the store directory if needed; a file in its place is a UserError."""
     if store.exists() and not store.is_dir():
         raise UserError(f"--store {store}: expected a directory, found a file")
     try:
@@ -131,6 +132,10 @@ def _check_store(store: Path, final_dir: Path) -> None:
     except OSError as exc:
         raise UserError(f"--store {store}: cannot create the store directory: "
                         f"{exc.strerror or exc}") from None
+
+
+def _check_store(store: Path, final_dir: Path) -> None:
+    ensure_store(store)
     if not os.access(store, os.W_OK | os.X_OK):
         raise UserError(f"--store {store}: cannot write the store (permission denied)")
     if final_dir.exists() and not (final_dir / MANIFEST_NAME).is_file():

@@ -479,18 +479,12 @@ def write_zoo(
     Returns the manifests as loaded (and validated) from their final place, in
     the order of `names` (all nine when empty).
     """
-    from model_prep.prepare_cli import prepare_network
+    from model_prep.prepare_cli import ensure_store, prepare_network
 
     chosen = check_names(names) if names else list(ZOO_NAMES)
     scale = check_scale(scale)
     store = Path(store_dir)
-    if store.exists() and not store.is_dir():
-        raise UserError(f"--store {store}: expected a directory, found a file")
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--store {store}: cannot create the store directory: "
-                        f"{exc.strerror or exc}") from None
+    ensure_store(store)
     manifests = []
     for name in chosen:
         for stale in store.glob(f"{_STAGING_PREFIX}{name}-*"):
