@@ -27,7 +27,7 @@ from masa.runner import (
 )
 from masa.units import format_bytes, parse_memory_bytes
 from model_prep.manifest import load_store_network
-from model_prep.verify import bind_feeds
+from model_prep.verify import bind_feeds, load_feeds
 from workloads.schema import JobSpec
 
 log = logging.getLogger(__name__)
@@ -206,19 +206,6 @@ def compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_input_arrays(path: Path) -> dict[str, np.ndarray]:
-    """An .npy file as the only input (key ''), or an .npz of named inputs."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such input file")
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                return {name: archive[name] for name in archive.files}
-        return {"": np.load(path, allow_pickle=False)}
-    except (ValueError, OSError) as error:
-        raise UserError(f"{path}: not a numpy .npy/.npz file ({error})") from None
-
-
 def run_network(store: Path, name: str, feeds: dict[str, np.ndarray], settings: RunSettings
                 ) -> dict[str, np.ndarray]:
     """One network, one input, through the layer scheduler (real executor)."""
@@ -242,7 +229,7 @@ def infer_command(args: argparse.Namespace) -> int:
     settings = RunSettings(policy=args.policy, workers=args.workers,
                            memory_budget_bytes=parse_memory_bytes(args.memory, "--memory"))
     settings.check()
-    outputs = run_network(args.store, args.model, load_input_arrays(args.input), settings)
+    outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
     buffer = io.BytesIO()
     np.savez(buffer, **outputs)
     atomic_write_bytes(args.out, buffer.getvalue())

@@ -39,7 +39,7 @@ from model_prep.split import (
     split_model,
     stage_summary,
 )
-from model_prep.verify import VerifyResult, bind_feeds, verify_network
+from model_prep.verify import VerifyResult, bind_feeds, load_feeds, verify_network
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
     if args.runs is not None and args.runs < 1:
         raise UserError(f"--runs: expected a positive integer, got {args.runs}")
     show_progress = False if getattr(args, "quiet", False) else None
-    feeds = _load_feeds(args.verify_input) if args.verify_input else None
+    feeds = load_feeds(args.verify_input) if args.verify_input else None
     prepared = prepare_network(
         args.model, args.store, args.name, input_shapes,
         profile=not args.no_profile, profile_runs=args.runs,
@@ -276,22 +276,8 @@ def _verify_command(args: argparse.Namespace) -> int:
     model_path = Path(args.model) if args.model else Path(manifest.source_path)
     if not model_path.is_file():
         raise UserError(f"{model_path}: source model not found (pass --model)")
-    feeds = bind_feeds(manifest, _load_feeds(args.input)) if args.input else None
+    feeds = bind_feeds(manifest, load_feeds(args.input)) if args.input else None
     result = verify_network(manifest, model_path, np.random.default_rng(args.seed), feeds=feeds)
     print(result.summary())
     return 0
 
-
-def _load_feeds(path_text: str) -> dict[str, np.ndarray]:
-    """X.npz (one array per input name) or X.npy (the only input: key '', bound to
-    the input's name by model_prep.verify.bind_feeds)."""
-    path = Path(path_text)
-    if not path.is_file():
-        raise UserError(f"{path}: no such input file (expected .npy or .npz)")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a NumPy .npy/.npz file: {exc}") from None
-    if isinstance(loaded, np.ndarray):
-        return {"": loaded}
-    return {key: loaded[key] for key in loaded.files}

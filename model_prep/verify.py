@@ -91,6 +91,22 @@ def _numpy_dtype(spec: TensorSpec) -> np.dtype:
                         ) from None
 
 
+def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
+    """Inputs from X.npz (one array per input name) or X.npy (the only input: key '',
+    which `bind_feeds` binds to the network's single input). Bad file: UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such input file (expected .npy or .npz)")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a NumPy .npy/.npz file: {exc}") from None
+    if isinstance(loaded, np.ndarray):
+        return {"": loaded}
+    with loaded:
+        return {key: loaded[key] for key in loaded.files}
+
+
 def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
                ) -> dict[str, np.ndarray]:
     """Check user-given inputs against the network's; key '' means "the only input"."""
