@@ -36,10 +36,10 @@ import onnxruntime as ort
 
 from masa import core
 from masa.context import ContextController, parse_group
-from masa.core import GroupStatus, SchedulerState, TaskState
+from masa.core import GroupStatus, SchedulerState
 from masa.procmem import rss_bytes
 from masa.session import create_session, release_memory
-from masa.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
+from masa.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ class _Runtime:
             for name, value in zip(names, values, strict=True):
                 self.tensors[(task.group, name)] = value
 
-    def release(self, lock: Lock, task: Task) -> bool:
-        """Free what a released lock stood for. True when a session was unloaded."""
+    def release(self, task: Task) -> bool:
+        """Free what the lock `task` opened stood for; True when a session was unloaded."""
         with self.lock:
             if task.kind is TaskKind.LOAD:
                 return self.sessions.pop((task.group, task.stage_id), None) is not None
@@ -431,7 +431,7 @@ class RealExecutor:
     def _apply_events(self, events: core.CoreEvents) -> None:
         now_us = self._now_us()
         for lock in events.released_locks:
-            if self.runtime.release(lock, self.graph.by_id[lock.from_task]):
+            if self.runtime.release(self.graph.by_id[lock.from_task]):
                 self.pending_unload = True
         for task_id in events.newly_cancelled:
             self.schedule.append(ScheduledTask(task_id, -1, now_us, now_us, "cancelled"))
@@ -467,7 +467,3 @@ class RealExecutor:
             if options is not None:
                 options.terminate = True
 
-
-def task_states(state: SchedulerState) -> dict[str, TaskState]:
-    """Every task's state (for tests and reports)."""
-    return {task_id: info.state for task_id, info in state.tasks.items()}
