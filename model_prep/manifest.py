@@ -5,11 +5,18 @@ the source model, its inputs and outputs, and per stage its file, checksum,
 operators, layer type, tensors, weights and (optionally) its profile. The
 format is documented in docs/manifest.md. `load_manifest` validates a manifest
 and reports every problem with its path; `write_manifest` writes atomically.
+
+The optional `ort_optimized` field marks stages cut from ONNX Runtime's
+optimised graph (`masa prepare --ort-optimize`): such stage files hold
+hardware-specific operators (NCHWc), so loading them where the onnxruntime
+version or the machine differs logs a warning (`ort_mismatch`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import platform
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +34,11 @@ _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "manifest.yaml"
 LAYER_TYPES = ("conv", "fc", "other")
+# onnxruntime.GraphOptimizationLevel names an optimised graph may be made at.
+ORT_GRAPH_LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT",
+                    "ORT_ENABLE_ALL")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,20 @@ class RuntimeBase:
 
 
 @dataclass(frozen=True)
+class OrtOptimization:
+    """What ONNX Runtime optimised the graph the stages were cut from, and where.
+
+    Graphs optimised at ORT_ENABLE_ALL on x86 hold NCHWc operators whose
+    blocked layout suits that machine's vector width: ONNX Runtime itself says
+    such a graph "should only be used in the same environment".
+    """
+
+    onnxruntime: str  # onnxruntime.__version__
+    machine: str  # platform.machine()
+    graph_level: str  # one of ORT_GRAPH_LEVELS
+
+
+@dataclass(frozen=True)
 class NetworkManifest:
     name: str
     source_path: str
@@ -99,6 +125,7 @@ class NetworkManifest:
     runtime_base: RuntimeBase | None = None
     format: int = MANIFEST_FORMAT
     directory: Path = field(default=Path("."), compare=False)
+    ort_optimized: OrtOptimization | None = None  # None: cut from the model as given
 
     def stage_path(self, stage: Stage) -> Path:
         return self.directory / stage.file
@@ -131,6 +158,9 @@ def _tensor_to_dict(tensor: TensorSpec) -> dict[str, Any]:
 
 
 def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
+    # ort_optimized is written only when set, so plain manifests stay as they were.
+    optimized = ({"ort_optimized": asdict(manifest.ort_optimized)}
+                 if manifest.ort_optimized is not None else {})
     return {
         "format": manifest.format,
         "name": manifest.name,
@@ -139,6 +169,7 @@ def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
         "opsets": [{"domain": d, "version": v} for d, v in manifest.opsets],
         "inputs": [_tensor_to_dict(t) for t in manifest.inputs],
         "outputs": [_tensor_to_dict(t) for t in manifest.outputs],
+        **optimized,
         "runtime_base": asdict(manifest.runtime_base) if manifest.runtime_base else None,
         "stages": [
             {
@@ -231,6 +262,9 @@ def manifest_from_dict(
         items = errors.get(raw, key, list, "") or []
         parsed = [_tensor_from_dict(errors, t, f"{key}[{i}]") for i, t in enumerate(items)]
         tensors[key] = tuple(t for t in parsed if t is not None)
+    optimized_raw = raw.get("ort_optimized")
+    ort_optimized = (_ort_optimization_from_dict(errors, optimized_raw)
+                     if optimized_raw is not None else None)
     runtime_raw = raw.get("runtime_base")
     runtime_base = (
         _dataclass_from_dict(errors, RuntimeBase, runtime_raw, "runtime_base")
@@ -250,7 +284,66 @@ def manifest_from_dict(
         name=name, source_path=source_path, source_sha256=source_sha, ir_version=ir_version,
         opsets=tuple(opsets), inputs=tensors["inputs"], outputs=tensors["outputs"],
         stages=tuple(stages), runtime_base=runtime_base, format=fmt, directory=directory,
+        ort_optimized=ort_optimized,
     )
+
+
+def _ort_optimization_from_dict(errors: ErrorCollector, raw: Any) -> OrtOptimization | None:
+    if not isinstance(raw, dict):
+        errors.add("ort_optimized", "expected a mapping with onnxruntime, machine and "
+                   f"graph_level, got {raw!r}")
+        return None
+    before = len(errors.problems)
+    values = {}
+    for key in ("onnxruntime", "machine", "graph_level"):
+        value = errors.get(raw, key, str, "ort_optimized")
+        if value is not None and not value.strip():
+            errors.add(f"ort_optimized.{key}", "expected a non-empty string")
+        values[key] = value
+    level = values["graph_level"]
+    if level is not None and level.strip() and level not in ORT_GRAPH_LEVELS:
+        errors.add("ort_optimized.graph_level",
+                   f"expected one of {', '.join(ORT_GRAPH_LEVELS)}, got {level!r}")
+    for key in sorted(set(raw) - set(values)):
+        errors.add(f"ort_optimized.{key}", "unknown field (expected onnxruntime, machine, "
+                   "graph_level)")
+    if len(errors.problems) > before:
+        return None
+    return OrtOptimization(**values)
+
+
+def ort_mismatch(optimized: OrtOptimization, onnxruntime_version: str, machine: str
+                 ) -> str | None:
+    """Why stages optimised as `optimized` may not suit this runtime, or None if they do."""
+    differences = []
+    if optimized.onnxruntime != onnxruntime_version:
+        differences.append(f"onnxruntime {optimized.onnxruntime}, this is "
+                           f"{onnxruntime_version}")
+    if optimized.machine != machine:
+        differences.append(f"machine {optimized.machine}, this is {machine}")
+    if not differences:
+        return None
+    return "; ".join(differences)
+
+
+_warned_networks: set[Path] = set()
+
+
+def _warn_if_ort_mismatch(manifest: NetworkManifest) -> None:
+    """Log once per network directory: optimised stages from another runtime or machine."""
+    if manifest.ort_optimized is None or manifest.directory in _warned_networks:
+        return
+    import onnxruntime  # only for optimised networks: importing it costs ~0.2 s
+
+    mismatch = ort_mismatch(manifest.ort_optimized, onnxruntime.__version__,
+                            platform.machine())
+    if mismatch is not None:
+        _warned_networks.add(manifest.directory)
+        log.warning("network %r in %s: its stages were cut from a graph ONNX Runtime "
+                    "optimised for another environment (%s); such graphs may hold "
+                    "hardware-specific operators (NCHWc) and run slower, wrongly or not at "
+                    "all: prepare it again here (masa prepare --ort-optimize)",
+                    manifest.name, manifest.directory, mismatch)
 
 
 def _stage_from_dict(
@@ -321,7 +414,9 @@ def load_manifest(network_dir: str | Path, check_files: bool = True) -> NetworkM
         raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)  # a SafeLoader
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    return manifest_from_dict(raw, str(path), directory, check_files=check_files)
+    manifest = manifest_from_dict(raw, str(path), directory, check_files=check_files)
+    _warn_if_ort_mismatch(manifest)
+    return manifest
 
 
 def load_store_network(store_dir: str | Path, name: str, check_files: bool = True

@@ -31,6 +31,12 @@ The cut rule:
   operator per stage.
 - Control flow (If, Loop, Scan) stays whole: the node and its subgraphs go into
   one stage, and outer tensors its subgraphs reference become stage inputs.
+- With `ort_optimize` (`--ort-optimize`) the graph cut is the one ONNX Runtime
+  optimises the model into (model_prep.optimize): its weighted operators are
+  contrib ones (com.microsoft.nchwc Conv, FusedConv, FusedGemm, ...,
+  `CONTRIB_WEIGHTED_OPS`), and the tensors crossing the cuts are those the
+  whole model passes on, NCHWc-blocked ones included. The manifest then
+  records the onnxruntime version, machine and graph level (`ort_optimized`).
 
 Dynamic dimensions stay dynamic unless `input_shapes` fixes them. Stages whose
 weights exceed the protobuf limit are written with external data.
@@ -72,6 +78,18 @@ WEIGHTED_OPS: dict[str, str] = {
     "Gemm": "fc", "MatMul": "fc", "MatMulInteger": "fc", "QLinearMatMul": "fc",
     "LSTM": "fc", "GRU": "fc", "RNN": "fc",
 }
+# ONNX Runtime's weighted contrib operators, by (domain, op type): what an
+# optimised graph holds instead of Conv / Gemm / MatMul (x86 NCHWc convolutions,
+# convolutions and Gemms with a fused activation, quantised kernels).
+CONTRIB_WEIGHTED_OPS: dict[tuple[str, str], str] = {
+    ("com.microsoft.nchwc", "Conv"): "conv",
+    ("com.microsoft", "FusedConv"): "conv", ("com.microsoft", "NhwcConv"): "conv",
+    ("com.microsoft", "NhwcFusedConv"): "conv", ("com.microsoft", "QLinearConv"): "conv",
+    ("com.microsoft", "FusedGemm"): "fc", ("com.microsoft", "FusedMatMul"): "fc",
+    ("com.microsoft", "QGemm"): "fc", ("com.microsoft", "MatMulIntegerToFloat"): "fc",
+    ("com.microsoft", "DynamicQuantizeMatMul"): "fc", ("com.microsoft", "MatMulNBits"): "fc",
+    ("com.microsoft", "DynamicQuantizeLSTM"): "fc",
+}
 STANDARD_DOMAINS = ("", "ai.onnx")
 # Never folded into a constant: copying one into several stages would give
 # each copy different values.
@@ -103,7 +121,7 @@ def load_model(model_path: str | Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise UserError(f"{path}: not a valid ONNX model: cannot parse it "
-                        f"({_one_line(exc)}); truncated or not ONNX?") from None
+                        f"({one_line(exc)}); truncated or not ONNX?") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
@@ -116,7 +134,7 @@ def load_model(model_path: str | Path) -> onnx.ModelProto:
     try:  # a no-op unless some tensors live in external data files
         external_data_helper.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read its external data: {_one_line(exc)}") from None
+        raise UserError(f"{path}: cannot read its external data: {one_line(exc)}") from None
     return model
 
 
@@ -182,7 +200,7 @@ def parse_input_shape(text: str) -> tuple[str, list[int | str]]:
     return name, dims
 
 
-def _apply_input_shapes(
+def apply_input_shapes(
     graph: onnx.GraphProto, input_shapes: Mapping[str, Sequence[int | str]], source: str,
     runtime_inputs: Sequence[str],
 ) -> None:
@@ -219,7 +237,7 @@ def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
     return dim.dim_param or UNKNOWN_DIM
 
 
-def _infer_types(
+def infer_types(
     model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int | str]], source: str,
     runtime_inputs: Sequence[str],
 ) -> tuple[dict[str, onnx.TypeProto], onnx.GraphProto]:
@@ -245,12 +263,12 @@ def _infer_types(
         elif tensor.name not in listed:
             graph.input.append(helper.make_tensor_value_info(
                 tensor.name, tensor.data_type, list(tensor.dims)))
-    _apply_input_shapes(graph, input_shapes, source, runtime_inputs)
+    apply_input_shapes(graph, input_shapes, source, runtime_inputs)
     try:
         inferred = shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False,
                                                 data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
-        raise UserError(f"{source}: shape inference failed: {_one_line(exc)}") from None
+        raise UserError(f"{source}: shape inference failed: {one_line(exc)}") from None
     types: dict[str, onnx.TypeProto] = {}
     for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
             inferred.graph.output):
@@ -352,12 +370,21 @@ def _subgraph_node_count(node: onnx.NodeProto) -> int:
                for g in _subgraphs(node))
 
 
+def weighted_kind(node: onnx.NodeProto) -> str | None:
+    """'conv' or 'fc' for an operator type that carries weights (when one of its
+    operands is constant), None for the rest."""
+    if node.domain in STANDARD_DOMAINS:
+        return WEIGHTED_OPS.get(node.op_type)
+    return CONTRIB_WEIGHTED_OPS.get((node.domain, node.op_type))
+
+
 def _subgraph_weighted_types(node: onnx.NodeProto) -> list[str]:
     types: list[str] = []
     for graph in _subgraphs(node):
         for inner in graph.node:
-            if inner.op_type in WEIGHTED_OPS and inner.domain in STANDARD_DOMAINS:
-                types.append(WEIGHTED_OPS[inner.op_type])
+            kind = weighted_kind(inner)
+            if kind is not None:
+                types.append(kind)
             types.extend(_subgraph_weighted_types(inner))
     return types
 
@@ -460,8 +487,7 @@ def _topological_order(count: int, reads: dict[int, list[str]], producer: dict[s
 def _is_weighted(node: onnx.NodeProto, reads: list[str], constant_names: set[str]) -> bool:
     if _subgraphs(node):
         return bool(_subgraph_weighted_types(node))
-    return (node.op_type in WEIGHTED_OPS and node.domain in STANDARD_DOMAINS
-            and any(name in constant_names for name in reads))
+    return weighted_kind(node) is not None and any(name in constant_names for name in reads)
 
 
 def plan_stages(
@@ -700,8 +726,8 @@ def _layer_type(graph: onnx.GraphProto, plan: StagePlan, analysis: GraphAnalysis
     weight_by_kind: dict[str, int] = {}
     for index in plan.weighted:
         node = graph.node[index]
-        kinds = ([WEIGHTED_OPS[node.op_type]] if node.op_type in WEIGHTED_OPS
-                 else _subgraph_weighted_types(node))
+        kind = weighted_kind(node)
+        kinds = [kind] if kind is not None else _subgraph_weighted_types(node)
         weight = sum(_constant_bytes(n, graph, types) for n in analysis.reads[index]
                      if n in analysis.constant_names) + _subgraph_weight_bytes(node)
         for kind in kinds:
@@ -754,14 +780,19 @@ def split_model(
     min_stage_weight_bytes: int = 0,
     external_data_bytes: int = DEFAULT_EXTERNAL_DATA_BYTES,
     progress: SplitProgress | None = None,
+    ort_optimize: bool = False,
+    scratch_dir: str | Path | None = None,
 ) -> NetworkManifest:
     """Split MODEL into `out_dir/stages/*.onnx` and write `out_dir/manifest.yaml`.
 
     `out_dir` is the network directory itself (created; must be absent or
     empty); `masa prepare` passes a temporary directory and renames it into
     the store afterwards. `input_shapes` fixes input dims ({name: [1, 3, 224,
-    224]}; a string dim stays symbolic). Returns the manifest (without
-    profiles), whose `directory` is `out_dir`.
+    224]}; a string dim stays symbolic). With `ort_optimize`, the graph split
+    is ONNX Runtime's optimised version of the model (model_prep.optimize),
+    made in a temporary directory under `scratch_dir` (default: the system's)
+    that is gone when this returns. Returns the manifest (without profiles),
+    whose `directory` is `out_dir`.
     """
     check_network_name(name)
     if max_cut_tensors < 1:
@@ -770,8 +801,18 @@ def split_model(
     source = str(model_path)
     model = load_model(model_path)
     analysis = analyse_graph(model.graph)
-    types, inferred_graph = _infer_types(model, dict(input_shapes or {}), source,
-                                         analysis.runtime_inputs)
+    ort_optimized = None
+    if ort_optimize:
+        # Lazy: the plain split needs no onnxruntime.
+        from model_prep.optimize import current_optimization, optimize_for_split
+
+        ort_optimized = current_optimization()
+        model = optimize_for_split(model, dict(input_shapes or {}), source,
+                                   analysis.runtime_inputs, scratch_dir)
+        analysis = analyse_graph(model.graph)
+        input_shapes = None  # applied before optimising
+    types, inferred_graph = infer_types(model, dict(input_shapes or {}), source,
+                                        analysis.runtime_inputs)
     graph = model.graph
     graph_outputs = [o.name for o in graph.output]
     for output in graph_outputs:
@@ -824,9 +865,11 @@ def split_model(
         outputs=tuple(tensor_spec(n, output_types.get(n)) for n in graph_outputs),
         stages=tuple(stages),
         directory=out_dir,
+        ort_optimized=ort_optimized,
     )
     write_manifest(manifest, out_dir / MANIFEST_NAME)
-    log.info("split %s into %d stages (%d weighted operators)", source, len(stages),
+    log.info("split %s%s into %d stages (%d weighted operators)", source,
+             " (ORT-optimised)" if ort_optimize else "", len(stages),
              sum(len(p.weighted) for p in plans))
     return manifest
 
@@ -845,6 +888,6 @@ def stage_summary(manifest: NetworkManifest) -> Iterable[str]:
                f"{out_text:>10}  {ops[:60]}{' *' if stage.note else ''}")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
