@@ -4,9 +4,12 @@ This module owns the store side of preparation: `prepare_network` splits the
 model (model_prep.split), optionally verifies the stages against the whole
 model (model_prep.verify) and profiles them (model_prep.profile, imported
 lazily), all inside a temporary directory in the store, and only then renames
-that directory to `DIR/NAME`. A failed or interrupted prepare therefore
-leaves the store as it was; an existing network of the same name is replaced
-only once the new one is complete.
+that directory to `DIR/NAME`. With `--ort-optimize` the ONNX Runtime-optimised
+model the stages are cut from (model_prep.optimize) is made in that temporary
+directory too, beside the network directory, and never reaches the store.
+A failed or interrupted prepare therefore leaves the store as it was; an
+existing network of the same name is replaced only once the new one is
+complete.
 """
 
 from __future__ import annotations
@@ -69,13 +72,16 @@ def prepare_network(
     verify_feeds: Mapping[str, np.ndarray] | None = None,
     max_cut_tensors: int = DEFAULT_MAX_CUT_TENSORS,
     min_stage_weight_bytes: int = 0,
+    ort_optimize: bool = False,
     show_progress: bool | None = None,
 ) -> PreparedNetwork:
     """Split (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
 
-    name defaults to the model file's stem. show_progress: None draws a bar
-    when stderr is a terminal. Raises UserError on bad input or a failed
-    verify, leaving the store untouched.
+    name defaults to the model file's stem. ort_optimize: cut ONNX Runtime's
+    optimised graph (see model_prep.optimize); verify still compares with the
+    original model. show_progress: None draws a bar when stderr is a terminal.
+    Raises UserError on bad input or a failed verify, leaving the store
+    untouched.
     """
     model_path = check_model_file(model_path)  # before the store is created
     name = check_network_name(name) if name is not None else default_network_name(model_path)
@@ -94,7 +100,8 @@ def prepare_network(
             manifest = split_model(model_path, network_dir, name, input_shapes,
                                    max_cut_tensors=max_cut_tensors,
                                    min_stage_weight_bytes=min_stage_weight_bytes,
-                                   progress=bar)
+                                   progress=bar, ort_optimize=ort_optimize,
+                                   scratch_dir=work_dir)
         split_time_s = time.perf_counter() - started_s
         verify_result = None
         if verify:
@@ -218,6 +225,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-stage-bytes", default="0", metavar="SIZE",
                         help="merge consecutive stages until each holds this many weight "
                              "bytes, e.g. 1MiB (default 0: one weighted operator per stage)")
+    parser.add_argument("--ort-optimize", action="store_true",
+                        help="cut the graph ONNX Runtime optimises the model into (fused "
+                             "operators, NCHWc layout kept across cuts on x86): stages then "
+                             "run as fast as the whole model, but only on this onnxruntime "
+                             "version and machine type; needs fixed input dims "
+                             "(--input-shape)")
     parser.set_defaults(handler=_prepare_command)
 
     verify_parser = subparsers.add_parser(
@@ -225,7 +238,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check a prepared network's stages against its source model",
         description="Load DIR/NAME/manifest.yaml (checking every stage file's sha256), run "
                     "the stages and the whole model on one seeded random input and compare "
-                    "every output (max|diff| <= 1e-5 x max|output|).",
+                    "every output (max|diff| <= 1e-5 x max|output|). The whole model is the "
+                    "source model as given, also for networks prepared with --ort-optimize.",
     )
     verify_parser.add_argument("network", metavar="DIR/NAME", help="a prepared network")
     verify_parser.add_argument("--model", metavar="MODEL.onnx",
@@ -253,7 +267,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
         verify=args.verify or feeds is not None, seed=args.seed, verify_feeds=feeds,
         max_cut_tensors=args.max_cut_tensors,
         min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
-        show_progress=show_progress,
+        ort_optimize=args.ort_optimize, show_progress=show_progress,
     )
     manifest = prepared.manifest
     if not getattr(args, "quiet", False):
@@ -266,6 +280,11 @@ def _prepare_command(args: argparse.Namespace) -> int:
           f"(split {prepared.split_time_s:.2f} s"
           + (f", profile {prepared.profile_time_s:.1f} s" if prepared.profile_time_s else "")
           + ")")
+    if manifest.ort_optimized is not None:
+        optimized = manifest.ort_optimized
+        print(f"stages cut from ONNX Runtime's optimised graph ({optimized.graph_level}, "
+              f"onnxruntime {optimized.onnxruntime}, {optimized.machine}): run them with "
+              "that version on that machine type")
     if prepared.verify is not None:
         print(prepared.verify.summary())
     return 0
