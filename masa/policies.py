@@ -56,12 +56,16 @@ class MasaPolicy:
       of newly arrived networks: they take every freed byte, the started
       networks' larger stages starve, and the progress rule keeps starting
       new networks whose held tensors pile up far above the budget.
-    - headroom: a LOAD fits only if, besides its own footprint, free memory
-      still holds the largest EXEC footprint among stages whose LOAD has
-      started but whose EXEC has not (and its own stage's EXEC). Otherwise
-      loads fill memory to the brim, the EXEC they exist for cannot start, and
-      the progress rule over-commits. Only the smallest LOAD is tested, which
-      keeps a decision O(log n).
+    - headroom: a LOAD fits only if its footprint fits and, once the running
+      LOADs and this one have ended and handed back their direct (transient)
+      memory, free memory still holds the largest EXEC footprint among stages
+      whose LOAD has started but whose EXEC has not (and its own stage's
+      EXEC). Otherwise loads fill memory to the brim, the EXEC they exist for
+      cannot start, and the progress rule over-commits. (Counting the
+      transient memory as returned matters when loads peak far above what
+      they keep: the first version kept room for the EXEC on top of the whole
+      load peak and ran such loads one at a time.) Only the smallest LOAD is
+      tested, which keeps a decision O(log n).
     """
 
     name = "masa"
@@ -71,6 +75,7 @@ class MasaPolicy:
         self.admission = admission
         self.headroom = headroom
         self._pending_exec_needs: list[tuple[int, str]] = []  # (-footprint, exec id)
+        self._running_load_direct_bytes = 0  # transient copies, returned when LOADs end
         self._execs: list[_Entry] = []
         self._loads: list[_Entry] = []  # LOADs of started networks (all LOADs without admission)
         self._fresh: list[_Entry] = []  # LOADs that would start a network
@@ -90,6 +95,7 @@ class MasaPolicy:
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
         if self.headroom and info.task.kind is TaskKind.LOAD:
+            self._running_load_direct_bytes += info.task.memory_bytes
             for successor in info.successors:
                 successor_info = state.tasks[successor]
                 if successor_info.task.kind is not TaskKind.LOAD:
@@ -97,7 +103,8 @@ class MasaPolicy:
                                    (-successor_info.footprint_bytes, successor))
 
     def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
-        pass
+        if self.headroom and info.started and info.task.kind is TaskKind.LOAD:
+            self._running_load_direct_bytes -= info.task.memory_bytes
 
     def _exec_need(self, state: SchedulerState) -> int:
         """Largest footprint of an EXEC whose LOAD has started but which has not started."""
@@ -132,20 +139,11 @@ class MasaPolicy:
         # First, as it moves LOADs of networks started meanwhile into self._loads.
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
-        free_for_load = free_for_fresh = free_bytes
-        if self.headroom:
-            # A LOAD must leave room for the largest EXEC of a loaded-but-not-run
-            # stage (and for its own EXEC), or the EXECs it exists for cannot run.
-            exec_need = self._exec_need(state)
-            if load_top is not None:
-                free_for_load -= max(exec_need, self._own_need(state, load_top[-2]))
-            if fresh_top is not None:
-                free_for_fresh -= max(exec_need, self._own_need(state, fresh_top[-2]))
-        load_fits = load_top is not None and load_top[0] <= free_for_load
+        load_fits = load_top is not None and self._load_fits(state, load_top, free_bytes, 0)
         # Admission: a network starts only if the smallest waiting LOAD of the
         # started networks still fits next to it.
-        fresh_fits = fresh_top is not None and fresh_top[0] + (
-            0 if load_top is None else load_top[0]) <= free_for_fresh
+        fresh_fits = fresh_top is not None and self._load_fits(
+            state, fresh_top, free_bytes, 0 if load_top is None else load_top[0])
         if load_fits and (not fresh_fits or load_top <= fresh_top):  # type: ignore[operator]
             return heapq.heappop(self._loads)[-2]
         if fresh_fits:
@@ -158,6 +156,22 @@ class MasaPolicy:
             if fresh_top is not None:
                 return heapq.heappop(self._fresh)[-2]
         return None
+
+    def _load_fits(self, state: SchedulerState, entry: _Entry, free_bytes: int,
+                   reserve_bytes: int) -> bool:
+        """Whether a LOAD may start now, with `reserve_bytes` kept free besides it."""
+        footprint = entry[0]
+        if footprint + reserve_bytes > free_bytes:
+            return False
+        if not self.headroom:
+            return True
+        # The EXECs of loaded stages (and this LOAD's own) must still find room
+        # once the running LOADs end and hand back their transient direct memory;
+        # otherwise loads fill memory to the brim and no EXEC can ever start.
+        task_id = entry[-2]
+        need = max(self._exec_need(state), self._own_need(state, task_id))
+        returning = self._running_load_direct_bytes + state.tasks[task_id].task.memory_bytes
+        return free_bytes - footprint - reserve_bytes + returning >= need
 
 
 class _Lane:

@@ -416,6 +416,11 @@ class RandomSpec:
     unload: bool = False  # add an UNLOAD task per stage (the paper's 3 task kinds)
     identical: bool = False  # every network a copy of the first (symmetric instance)
     release_gap: int = 0  # network i (job i) is released at i * release_gap
+    # LOAD(s) starts no earlier than LOAD(s-1) starts: the LOAD order rule that
+    # masa.jobs puts into every real job graph (start_after; the solver ignores
+    # it, only the heuristic obeys it). Off: loads in any order, as in format 1
+    # instances written before the rule existed.
+    load_order: bool = True
 
     @property
     def tasks_per_network(self) -> int:
@@ -481,13 +486,15 @@ def random_instance(spec: RandomSpec) -> Instance:
     lock of the resident weights until EXEC ends, or until UNLOAD ends when
     unload tasks are on), EXEC (working memory while it runs, lock of its
     output until the next stage's EXEC ends), optional UNLOAD. Precedence:
-    LOAD(s) -> EXEC(s), EXEC(s-1) -> EXEC(s), EXEC(s) -> UNLOAD(s).
+    LOAD(s) -> EXEC(s), EXEC(s-1) -> EXEC(s), EXEC(s) -> UNLOAD(s); with
+    spec.load_order, start_after LOAD(s-1) -> LOAD(s) as in masa.jobs.
     """
     rng = np.random.default_rng(spec.seed)
     first = _random_layers(rng, spec.layers, spec.load_ratio)
     tasks: list[Task] = []
     precedence: list[tuple[str, str]] = []
     locks: list[Lock] = []
+    start_after: list[tuple[str, str]] = []
     for net in range(spec.networks):
         layers = first if (spec.identical or net == 0) else _random_layers(
             rng, spec.layers, spec.load_ratio)
@@ -515,9 +522,12 @@ def random_instance(spec: RandomSpec) -> Instance:
             if index > 0:
                 previous = f"{group}.s{index}.exec"
                 precedence.append((previous, run))
+                if spec.load_order:
+                    start_after.append((f"{group}.s{index}.load", load))
                 locks.append(Lock(f"{group}.s{index}.output", previous, (run,),
                                   int(layers[index - 1]["output"])))
-    graph = TaskGraph(tasks=tuple(tasks), precedence=tuple(precedence), locks=tuple(locks))
+    graph = TaskGraph(tasks=tuple(tasks), precedence=tuple(precedence), locks=tuple(locks),
+                      start_after=tuple(start_after))
     memory = math.ceil(spec.tightness * minimum_memory(graph))
     name = (f"random-n{spec.networks}-l{spec.layers}-s{spec.seed}-t{spec.tightness:g}"
             f"{'-u' if spec.unload else ''}{'-i' if spec.identical else ''}")

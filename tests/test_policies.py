@@ -23,7 +23,7 @@ from masa.core import (
 )
 from masa.policies import MasaPolicy
 from masa.simulator import simulate_graph
-from masa.taskgraph import TaskGraph, TaskKind
+from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 NAMES = ("p", "q", "r", "s", "t")
 ID_PERMUTATIONS = list(permutations(NAMES))
@@ -291,3 +291,34 @@ def test_masa_headroom_keeps_room_for_the_exec_of_a_loaded_stage() -> None:
                                      "j0/n0/s1/exec")
     assert result.over_commits == () and result.peak_reserved_bytes <= 100
     assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=100) == []
+
+
+def test_masa_headroom_counts_the_transient_load_memory_as_returned() -> None:
+    """Loads that peak at 40 but keep 10: two run at once in 80 bytes.
+
+    Each LOAD reserves 30 (transient copy, direct) + 10 (resident lock); each
+    EXEC needs 5 + 5. With both LOADs running, 80 of 80 are reserved, but once
+    they end only 20 stay, so both EXECs still fit: the headroom rule must not
+    demand room for an EXEC on top of the whole load peak (which would run the
+    two loads one after the other), and nothing may go over the budget.
+    """
+    tasks: list[Task] = []
+    precedence: list[tuple[str, str]] = []
+    locks: list[Lock] = []
+    for job in range(2):
+        group = f"j{job}/n0"
+        load_id, exec_id = f"{group}/s0/load", f"{group}/s0/exec"
+        common = dict(order=(job, 0, 0), group=group, job_id=job, network="n0",
+                      stage_id="s0")
+        tasks += [Task(load_id, TaskKind.LOAD, 100, 30, **common),
+                  Task(exec_id, TaskKind.EXEC, 50, 5, **common)]
+        precedence.append((load_id, exec_id))
+        locks += [Lock(f"{load_id}#resident", load_id, (exec_id,), 10),
+                  Lock(f"{exec_id}#outputs", exec_id, (exec_id,), 5)]
+    graph = TaskGraph(tuple(tasks), tuple(precedence), tuple(locks))
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=80)
+    starts = {item.task_id: item.start_us for item in result.schedule}
+    assert starts["j0/n0/s0/load"] == starts["j1/n0/s0/load"] == 0
+    assert result.makespan_us == 150  # both loads, then both execs, side by side
+    assert result.over_commits == () and result.peak_reserved_bytes == 80
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=80) == []
