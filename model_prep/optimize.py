@@ -145,14 +145,19 @@ def _check_static_inputs(graph: onnx.GraphProto, runtime_inputs: Sequence[str], 
         tensor_type = value.type.tensor_type
         dims = list(tensor_type.shape.dim) if tensor_type.HasField("shape") else None
         if dims is None or any(not d.HasField("dim_value") for d in dims):
-            shape = ("unknown rank" if dims is None else "x".join(
-                str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
-                for d in dims))
+            if dims is None:
+                shape, suggestion = "unknown rank", "<dims such as 1x3x224x224>"
+            else:
+                shape = "x".join(str(d.dim_value) if d.HasField("dim_value")
+                                 else (d.dim_param or "?") for d in dims)
+                # Dynamic dims as 1: a batch of one is what the executors run.
+                suggestion = "x".join(str(d.dim_value) if d.HasField("dim_value") else "1"
+                                      for d in dims)
             raise UserError(
                 f"{source}: --ort-optimize: input {value.name!r} has dynamic dims ({shape}) "
                 f"and ONNX Runtime's optimised graph has tensors only a probe run can type "
                 f"(e.g. {example!r}): expected fixed dims, pass --input-shape "
-                f"{value.name}=<dims such as 1x3x224x224>")
+                f"{value.name}={suggestion} (or the dims you will run)")
 
 
 def _probe_types(model: onnx.ModelProto, names: list[str], path: Path, source: str
