@@ -107,7 +107,7 @@ def optimize_for_split(
                    if name and not _fully_typed(types.get(name))]
         if untyped:
             _check_static_inputs(optimized.graph, runtime_inputs, source, untyped[0])
-            probed = _probe_types(optimized, untyped, temp_dir / "probe.onnx", source)
+            probed = _probe_types(optimized_path, untyped, source)
             types.update(probed)
     produced = {name for node in optimized.graph.node for name in node.output if name}
     graph_outputs = {o.name for o in optimized.graph.output}
@@ -120,7 +120,8 @@ def optimize_for_split(
 
 
 def _save(model: onnx.ModelProto, path: Path) -> bool:
-    """Write `model` for ONNX Runtime; True when its weights went to external data."""
+    """Write `model` for ONNX Runtime; True when its weights went to external data
+    (which empties the in-memory tensors: `model` is of no use afterwards then)."""
     weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
     large = weight_bytes >= _EXTERNAL_DATA_BYTES
     onnx.save_model(model, str(path), save_as_external_data=large,
@@ -160,16 +161,17 @@ def _check_static_inputs(graph: onnx.GraphProto, runtime_inputs: Sequence[str], 
                 f"{value.name}={suggestion} (or the dims you will run)")
 
 
-def _probe_types(model: onnx.ModelProto, names: list[str], path: Path, source: str
+def _probe_types(optimized_path: Path, names: list[str], source: str
                  ) -> dict[str, onnx.TypeProto]:
     """Type `names` from one run on zeros that exposes them as graph outputs."""
-    graph = model.graph
-    added = len(graph.output)
+    # A copy of the saved graph beside it: large weights stay in the external
+    # data file both refer to (saving the in-memory model with external data
+    # would empty its tensors).
+    probe = onnx.load(str(optimized_path), load_external_data=False)
+    graph = probe.graph
     graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
-    try:
-        _save(model, path)
-    finally:
-        del graph.output[added:]
+    path = optimized_path.with_name("probe.onnx")
+    onnx.save_model(probe, str(path))
     options = session_options()
     # Run the graph exactly as saved: re-optimising could fuse a probed tensor away.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -119,6 +119,20 @@ def test_every_weight_placement_and_graph_shape(tmp_path: Path, builder: str) ->
     assert verify_network(optimized, path, _rng()).ok
 
 
+def test_large_model_path_external_weights(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models past protobuf's cap go through external data files, probe included."""
+    import model_prep.optimize as optimize
+
+    monkeypatch.setattr(optimize, "_EXTERNAL_DATA_BYTES", 1)
+    path = models.save(models.residual_branches(_rng(2)), tmp_path, "big")
+    optimized = split_model(path, tmp_path / "opt", "big", ort_optimize=True,
+                            scratch_dir=tmp_path)
+    assert verify_network(optimized, path, _rng()).ok
+    _check_manifest_describes_stage_files(optimized)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "opt"]
+
+
 def test_inception_replica_with_contrib_convolutions(tmp_path: Path) -> None:
     """GoogleNet's replica (Inception concats): nchwc Conv and FusedConv are conv stages."""
     path = tmp_path / "googlenet.onnx"
