@@ -64,35 +64,44 @@ def optimize_for_split(
     source: str,
     runtime_inputs: Sequence[str],
     scratch_dir: str | Path | None = None,
+    model_path: str | Path | None = None,
 ) -> onnx.ModelProto:
     """ONNX Runtime's optimised version of `model` (modified in place), every tensor typed.
 
     `model` is the model as `model_prep.split.load_model` read it (external data
-    loaded); `input_shapes` fixes input dims as `--input-shape` does. The
+    loaded) from `model_path`, which ONNX Runtime then reads directly unless
+    the model had to change; `input_shapes` fixes input dims as `--input-shape`
+    does. The
     result carries a value_info for every node output and its inputs keep
     their names, so the stages it splits into read and write what the
     original model's session is fed and returns.
     """
     graph = model.graph
     apply_input_shapes(graph, input_shapes, source, runtime_inputs)
-    if model.ir_version >= 4:
+    changed = bool(input_shapes)
+    if model.ir_version >= 4 and len(graph.input) > len(runtime_inputs):
         # The splitter treats initializers listed as graph inputs as weights;
         # left as inputs, ONNX Runtime would neither fold nor fuse them.
         runtime = [i for i in graph.input if i.name in runtime_inputs]
         del graph.input[:]
         graph.input.extend(runtime)
+        changed = True
     with tempfile.TemporaryDirectory(prefix="masa-ort-optimize-", dir=scratch_dir) as temp:
         temp_dir = Path(temp)
-        given_path, optimized_path = temp_dir / "given.onnx", temp_dir / "optimized.onnx"
-        large = _save(model, given_path)
+        optimized_path = temp_dir / "optimized.onnx"
+        if changed or model_path is None:
+            given_path = temp_dir / "given.onnx"
+            _save(model, given_path)
+        else:
+            given_path = Path(model_path)  # writing a copy of 377 MB took 3 s
         options = session_options()
         options.optimized_model_filepath = str(optimized_path)
-        if large:
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name",
-                "optimized.onnx.data")
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        # Weights in a data file beside the graph: the probe's copy of the
+        # graph then refers to them instead of rewriting them (and no 2 GiB cap).
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         try:
             session = ort.InferenceSession(str(given_path), sess_options=options,
                                            providers=["CPUExecutionProvider"])
@@ -119,15 +128,13 @@ def optimize_for_split(
     return optimized
 
 
-def _save(model: onnx.ModelProto, path: Path) -> bool:
-    """Write `model` for ONNX Runtime; True when its weights went to external data
-    (which empties the in-memory tensors: `model` is of no use afterwards then)."""
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    """Write `model` for ONNX Runtime, large weights as external data (which empties
+    the in-memory tensors: `model` is of no use afterwards then)."""
     weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
-    large = weight_bytes >= _EXTERNAL_DATA_BYTES
-    onnx.save_model(model, str(path), save_as_external_data=large,
+    onnx.save_model(model, str(path), save_as_external_data=weight_bytes >= _EXTERNAL_DATA_BYTES,
                     all_tensors_to_one_file=True, location=f"{path.name}.data",
                     size_threshold=1024)
-    return large
 
 
 def _fully_typed(value_type: onnx.TypeProto | None) -> bool:
@@ -164,9 +171,8 @@ def _check_static_inputs(graph: onnx.GraphProto, runtime_inputs: Sequence[str], 
 def _probe_types(optimized_path: Path, names: list[str], source: str
                  ) -> dict[str, onnx.TypeProto]:
     """Type `names` from one run on zeros that exposes them as graph outputs."""
-    # A copy of the saved graph beside it: large weights stay in the external
-    # data file both refer to (saving the in-memory model with external data
-    # would empty its tensors).
+    # A copy of the saved graph beside it, without the weights: both refer to
+    # the same external data file.
     probe = onnx.load(str(optimized_path), load_external_data=False)
     graph = probe.graph
     graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)

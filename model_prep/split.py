@@ -808,7 +808,7 @@ def split_model(
 
         ort_optimized = current_optimization()
         model = optimize_for_split(model, dict(input_shapes or {}), source,
-                                   analysis.runtime_inputs, scratch_dir)
+                                   analysis.runtime_inputs, scratch_dir, model_path)
         analysis = analyse_graph(model.graph)
         input_shapes = None  # applied before optimising
     types, inferred_graph = infer_types(model, dict(input_shapes or {}), source,

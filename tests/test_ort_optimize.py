@@ -126,8 +126,9 @@ def test_large_model_path_external_weights(tmp_path: Path,
 
     monkeypatch.setattr(optimize, "_EXTERNAL_DATA_BYTES", 1)
     path = models.save(models.residual_branches(_rng(2)), tmp_path, "big")
-    optimized = split_model(path, tmp_path / "opt", "big", ort_optimize=True,
-                            scratch_dir=tmp_path)
+    # --input-shape makes it write the changed model (as external data) for ORT.
+    optimized = split_model(path, tmp_path / "opt", "big", {"x": [1, 3, 16, 16]},
+                            ort_optimize=True, scratch_dir=tmp_path)
     assert verify_network(optimized, path, _rng()).ok
     _check_manifest_describes_stage_files(optimized)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "opt"]
