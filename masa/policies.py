@@ -323,8 +323,10 @@ class DeepEyePolicy:
 
 
 # "masa" is Algorithm 1 with the admission and headroom rules (docs/scheduling.md);
-# "masa-paper" is Algorithm 1 exactly as the paper states it, for comparison.
-POLICY_NAMES: tuple[str, ...] = ("masa", "masa-paper", "bulk", "deepeye")
+# "masa-paper" is Algorithm 1 exactly as the paper states it, for comparison;
+# "masa-plan" keeps masa's memory rules but dispatches in an order planned by
+# local search at each arrival (masa.planning).
+POLICY_NAMES: tuple[str, ...] = ("masa", "masa-paper", "masa-plan", "bulk", "deepeye")
 
 
 def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
@@ -333,6 +335,10 @@ def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
         return MasaPolicy()
     if name == "masa-paper":
         return MasaPolicy(admission=False, headroom=False)
+    if name == "masa-plan":
+        from masa.planning import PlanningPolicy  # it builds on this module
+
+        return PlanningPolicy()
     if name == "bulk":
         return BulkPolicy()
     if name == "deepeye":

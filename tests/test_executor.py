@@ -60,7 +60,7 @@ def _assert_clean(graph, result, workers: int, budget_bytes: int) -> None:
                           memory_budget_bytes=budget_bytes, allowed_over_commits=allowed) == []
 
 
-@pytest.mark.parametrize("policy", ["masa", "bulk", "deepeye"])
+@pytest.mark.parametrize("policy", ["masa", "masa-plan", "bulk", "deepeye"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_outputs_equal_whole_model_under_every_policy(manifests, feeds, policy, workers):
     jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
@@ -78,7 +78,7 @@ def test_outputs_equal_whole_model_under_every_policy(manifests, feeds, policy, 
 
 def test_one_worker_real_and_simulated_dispatch_orders_match(manifests, feeds):
     jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, ("googlenet",))]
-    for policy in ("masa", "bulk", "deepeye"):
+    for policy in ("masa", "masa-plan", "bulk", "deepeye"):
         graph, real = _run(manifests, feeds, jobs, policy=policy, workers=1,
                            budget_bytes=4 * MIB)
         simulated = simulate_graph(graph, policy=policy, workers=1,
