@@ -7,6 +7,8 @@ it against CP-SAT's proven optimum, masa.checker and the greedy `masa`.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from sched_graphs import chain_network, merge
@@ -104,3 +106,22 @@ def test_plan_again_when_a_job_arrives() -> None:
     assert result.over_commits == ()
     assert check_schedule(graph, list(result.schedule), workers=2,
                           memory_budget_bytes=80) == []
+
+
+def test_masa_optimal_compares_the_policy_it_is_asked_for(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from solver.cli import main as optimal_main
+
+    spec = "networks=4,layers=2,seed=1043,workers=3,tightness=1.2,load_ratio=4"
+    reports = {}
+    for policy in ("masa", "masa-plan"):
+        assert optimal_main(["--random", spec, "--policy", policy, "--json",
+                             "--search-workers", "1", "--time-limit", "30"]) == 0
+        reports[policy] = json.loads(capsys.readouterr().out)
+    assert reports["masa"]["policy"] == "masa"
+    assert reports["masa-plan"]["policy"] == "masa-plan"
+    optimum = reports["masa"]["optimal_makespan"]
+    assert optimum == reports["masa-plan"]["optimal_makespan"] is not None
+    assert reports["masa"]["heuristic_makespan"] > optimum
+    assert reports["masa-plan"]["heuristic_makespan"] == optimum
+    assert reports["masa-plan"]["heuristic_check"] == []
