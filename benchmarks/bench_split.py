@@ -91,6 +91,7 @@ class SplitResult:
     coarse_stages: int
     optimized_stages: int
     optimized_split_s: float
+    load_1min: float  # the machine's 1-minute load average after the measurements
 
     @property
     def ratio(self) -> float:
@@ -202,6 +203,7 @@ def bench_one(name: str, work_dir: Path, runs: int, seed: int) -> SplitResult:
         fc_stages=sum(s.layer_type == "fc" for s in manifest.stages),
         build_s=build_s, split_s=split_s, times=times, coarse_stages=len(coarse.stages),
         optimized_stages=len(optimized.stages), optimized_split_s=optimized_split_s,
+        load_1min=os.getloadavg()[0],
     )
 
 
@@ -211,8 +213,8 @@ def markdown_table(results: list[SplitResult]) -> str:
         "sum of stages ms | ratio | CPU-time ratio | coarse split: stages, ratio (CPU) | "
         "without NCHWc: ratio (CPU) | max abs diff | ORT-optimised split: stages, split s | "
         "ORT-optimised: ratio | ORT-optimised: CPU-time ratio | ORT-optimised: max abs diff "
-        "vs original |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "vs original | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def over(ratio: float) -> str:
@@ -233,7 +235,7 @@ def markdown_table(results: list[SplitResult]) -> str:
             f"{r.optimized_stages}, {r.optimized_split_s:.2f} | "
             f"{optimized.ratio:.3f}{over(optimized.ratio)} | "
             f"{optimized.cpu_ratio:.3f}{over(optimized.cpu_ratio)} | "
-            f"{optimized.max_abs_diff:.1e} |")
+            f"{optimized.max_abs_diff:.1e} | {r.load_1min:.1f} |")
     return "\n".join(lines)
 
 
@@ -294,6 +296,8 @@ the Python glue between them). Ratio = sum of stages / whole, target <= {TARGET_
   whole model's CPU time is then the factor given times that at ALL).
 - The diagnostic columns give CPU-time ratios only: on a shared machine the
   wall-time ratios of separate runs are too noisy to compare.
+- "load": the machine's 1-minute load average when that network's runs ended
+  (2 cores: above 2, other processes were waiting for a core).
 - "max abs diff": the stage chain's outputs vs the whole model's (default,
   coarse and without-NCHWc splits).
 - "ORT-optimised": the model split with `masa prepare --ort-optimize`
