@@ -227,10 +227,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "bytes, e.g. 1MiB (default 0: one weighted operator per stage)")
     parser.add_argument("--ort-optimize", action="store_true",
                         help="cut the graph ONNX Runtime optimises the model into (fused "
-                             "operators, NCHWc layout kept across cuts on x86): stages then "
-                             "run as fast as the whole model, but only on this onnxruntime "
-                             "version and machine type; needs fixed input dims "
-                             "(--input-shape)")
+                             "operators, NCHWc layout kept across cuts on x86): less overhead "
+                             "per stage, but the stage files suit only this onnxruntime "
+                             "version and machine type; a dynamic input dim usually needs "
+                             "--input-shape then")
     parser.set_defaults(handler=_prepare_command)
 
     verify_parser = subparsers.add_parser(
