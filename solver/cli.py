@@ -41,6 +41,7 @@ from solver.instance import (
 from solver.model import (
     FORMULATIONS,
     OBJECTIVES,
+    SEARCHES,
     SolveOptions,
     SolveResult,
     response_sum,
@@ -440,16 +441,22 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cumulative (default, fast) or paper (assignment variables)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="makespan",
                         help="makespan (default) or response (sum of job response times)")
+    parser.add_argument("--search", choices=SEARCHES, default="set_times",
+                        help="set_times (default: one worker branches on the earliest "
+                             "start, one runs CP-SAT's default LP search) or default "
+                             "(CP-SAT's own portfolio)")
     parser.add_argument("--policy", default="masa", choices=HEURISTIC_POLICIES,
                         help="the heuristic to compare: masa (default, greedy), masa-plan "
                              "(masa's rules in an order planned by local search) or "
                              "masa-paper (Algorithm 1 as published)")
     parser.add_argument("--no-hint", action="store_true",
                         help="do not hint the solver (by default: the best schedule within "
-                             "budget among masa's, bulk's and a serial one)")
+                             "budget among masa's, bulk's, a serial one and the solver's "
+                             "own list schedules)")
     parser.add_argument("--plain", action="store_true",
-                        help="plain model: no symmetry breaking, redundant constraints "
-                             "or decomposition (for comparison)")
+                        help="plain model: no symmetry breaking, redundant constraints, "
+                             "decomposition, list-schedule hints or set-times search (for "
+                             "comparison)")
     parser.add_argument("--json", action="store_true", help="emit the result as JSON")
     parser.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the "
                         "optimal schedule")
@@ -469,9 +476,11 @@ def handle(args: argparse.Namespace) -> int:
         write_instance(instance, args.write_instance)
     options = SolveOptions(time_limit_s=args.time_limit, search_workers=args.search_workers,
                            seed=args.seed, formulation=args.formulation,
-                           objective=args.objective)
+                           objective=args.objective, search=args.search,
+                           list_hints=not args.no_hint)
     if args.plain:
-        options = replace(options, symmetry_breaking=False, redundant=False, decompose=False)
+        options = replace(options, symmetry_breaking=False, redundant=False, decompose=False,
+                          list_hints=False, search="default")
     evaluation = evaluate(instance, options, use_hint=not args.no_hint, policy=args.policy)
     if args.json:
         print(json.dumps(evaluation_to_dict(evaluation), indent=1))

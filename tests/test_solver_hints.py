@@ -7,12 +7,14 @@ hinting with them never changes a proven optimum.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from masa.checker import check_schedule
 from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from solver.cli import main
 from solver.instance import Instance, RandomSpec, random_instance
 from solver.list_schedule import best_list_schedule, list_schedules
 from solver.model import SolveOptions, schedule_makespan, serial_schedule, solve_instance
@@ -125,3 +127,32 @@ def test_a_worse_given_hint_is_replaced_by_a_list_schedule() -> None:
     assert result.makespan_us is not None
     assert result.makespan_us <= schedule_makespan(best[1]) < schedule_makespan(serial)
     assert _problems(instance, result.schedule) == []
+
+
+def test_set_times_search_keeps_the_optimum() -> None:
+    """The set-times decision strategy (and, with two search workers, its own
+    subsolver) only changes how CP-SAT searches: the proven optimum is the
+    one CP-SAT's default portfolio proves."""
+    for seed in (5, 6):
+        instance = random_instance(RandomSpec(networks=3, layers=2, seed=seed, tightness=1.2))
+        default = solve_instance(instance, replace(FAST, search="default"))
+        set_times = solve_instance(instance, FAST)
+        two_workers = solve_instance(instance, replace(FAST, search_workers=2))
+        assert default.status == set_times.status == two_workers.status == "OPTIMAL"
+        assert default.makespan_us == set_times.makespan_us == two_workers.makespan_us
+        assert _problems(instance, two_workers.schedule) == []
+    with pytest.raises(ValueError, match="search must be one of"):
+        solve_instance(instance, replace(FAST, search="dfs"))
+
+
+def test_masa_optimal_search_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--search default and --plain reach the same optimum as the default search."""
+    spec = "networks=2,layers=3,seed=3,tightness=1.2"
+    makespans = []
+    for extra in ([], ["--search", "default"], ["--plain"], ["--no-hint"]):
+        assert main(["--random", spec, "--json", "--search-workers", "1",
+                     "--time-limit", "20", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["status"] == "OPTIMAL" and out["solver_check"] == []
+        makespans.append(out["optimal_makespan"])
+    assert len(set(makespans)) == 1
