@@ -136,38 +136,57 @@ def bench_random(quick: bool) -> dict[str, Any]:
 SCALING_SHAPES = [(2, 6), (3, 6), (4, 6), (4, 8), (4, 10), (5, 12), (6, 14), (8, 15)]
 
 
-def _scaling_specs(quick: bool) -> list[tuple[str, RandomSpec, bool]]:
-    """(family, spec, also run the plain model) for the scaling table."""
-    specs: list[tuple[str, RandomSpec, bool]] = []
+def _scaling_specs(quick: bool) -> list[tuple[str, RandomSpec, tuple[str, ...]]]:
+    """(family, spec, models to run) for the scaling table."""
+    specs: list[tuple[str, RandomSpec, tuple[str, ...]]] = []
     for networks, layers in SCALING_SHAPES[:4] if quick else SCALING_SHAPES:
         tasks = networks * layers * 2
         for seed in (1, 2) if tasks <= 80 else (1,):
             spec = RandomSpec(networks=networks, layers=layers, seed=seed, tightness=1.2)
-            specs.append(("distinct", spec, 48 <= tasks <= 80 and seed == 1))
+            compare = 48 <= tasks <= 80 and seed == 1
+            specs.append(("distinct", spec, SCALING_MODELS if compare else ("full",)))
     for networks, layers in ((4, 10), (8, 15)):
         base = RandomSpec(networks=networks, layers=layers, seed=1, tightness=1.2)
+        models = ("full", "plain") if networks * layers <= 40 else ("full",)
         # The same networks in every job (a burst of identical jobs).
-        specs.append(("identical", replace(base, identical=True), networks * layers <= 40))
+        specs.append(("identical", replace(base, identical=True), models))
         # Jobs arriving one by one at ~80% load: decomposition by release time.
         work = sum(t.duration_us for t in random_instance(base).graph.tasks)
         gap = round(1.25 * work / networks / base.workers)
-        specs.append(("arrivals", replace(base, release_gap=gap), networks * layers <= 40))
+        specs.append(("arrivals", replace(base, release_gap=gap), models))
     return specs
+
+
+# The models compared: `full` = everything (list-schedule hints, set-times
+# search, redundant constraints, symmetry breaking, decomposition); `default`
+# = the same model with CP-SAT's default portfolio (what set-times search
+# adds); `plain` = the heuristic's (or a serial) hint and nothing else.
+SCALING_MODELS = ("full", "default", "plain")
+_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
+    "full": {},
+    "default": {"search": "default"},
+    "plain": {"symmetry_breaking": False, "redundant": False, "decompose": False,
+              "list_hints": False, "search": "default"},
+}
 
 
 def bench_scaling(quick: bool) -> dict[str, Any]:
     rows = []
-    for family, spec, with_plain in _scaling_specs(quick):
+    for family, spec, models in _scaling_specs(quick):
         instance = random_instance(spec)
-        for model in ("full", "plain") if with_plain else ("full",):
-            overrides = {} if model == "full" else {
-                "symmetry_breaking": False, "redundant": False, "decompose": False}
-            evaluation = _evaluate(instance, 10.0 if quick else 60.0, **overrides)
-            row = _row(evaluation) | {"model": model, "seed": spec.seed, "family": family}
+        work = sum(t.duration_us for t in instance.graph.tasks)
+        for model in models:
+            evaluation = _evaluate(instance, 10.0 if quick else 60.0, **_MODEL_OVERRIDES[model])
+            row = _row(evaluation) | {
+                "model": model, "seed": spec.seed, "family": family,
+                "work_bound": -(-work // instance.workers),
+                "start_ub": evaluation.result.hint_objective,
+                "hint_source": evaluation.hint_source}
             rows.append(row)
             print(f"scaling {family} {model} {instance.name} ({row['tasks']} tasks): "
                   f"{row['status']} best={row['best']} bound={row['bound']} "
-                  f"gap={row['gap']} {row['time_s']} s", flush=True)
+                  f"start_ub={row['start_ub']} gap={row['gap']} {row['time_s']} s "
+                  f"dtime={row['dtime']} load={row['load']}", flush=True)
     return {"rows": rows}
 
 
@@ -269,24 +288,33 @@ def _random_md(data: dict[str, Any]) -> list[str]:
 
 def _scaling_md(data: dict[str, Any]) -> list[str]:
     lines = ["## Memory-tight instances (tightness 1.2) of growing size, 60 s limit", "",
-             "`full` = this solver (symmetry breaking, conflict-clique no-overlaps, energy "
-             "and release bounds, stronger cumulative propagation, heuristic or serial "
-             "hint); `plain` = the same hint but none of the rest.", "",
+             "`full` = this solver: list-schedule hints (solver/list_schedule.py: serial "
+             "schedule generation with several priority rules and forward-backward "
+             "improvement, the best one checked by masa.checker), set-times search (one "
+             "worker branches on the earliest start, the other runs CP-SAT's default LP "
+             "search), symmetry breaking, conflict-clique no-overlaps, energy and release "
+             "bounds, stronger cumulative propagation, decomposition by release time; "
+             "`default` = the same model with CP-SAT's default 2-worker portfolio; "
+             "`plain` = the heuristic's (or a serial) hint and none of the rest.", "",
              "Families: `distinct` = different random networks, all released at 0; "
              "`identical` = copies of one network (symmetry breaking applies); "
              "`arrivals` = one network per job, jobs released at ~80% load "
              "(decomposition by release time applies).", "",
-             "`dtime` = CP-SAT deterministic time (load-independent work units); `load` = "
-             "the machine's 1-minute load average when the solve ended (2 cores).", "",
-             "| family | tasks | seed | model | status | best | bound | gap | solve s | dtime "
-             "| load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "`work` = the work bound ceil(work / workers); `start` = the upper bound the "
+             "solve started from (its hint's makespan); `dtime` = CP-SAT deterministic "
+             "time (load-independent work units); `load` = the machine's 1-minute load "
+             "average when the solve ended (2 cores).", "",
+             "| family | tasks | seed | model | status | work | start | best | bound | gap "
+             "| solve s | dtime | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         lines.append(f"| {row.get('family', 'distinct')} | {row['tasks']} | {row['seed']} | "
-                     f"{row['model']} | {row['status']} | "
+                     f"{row['model']} | {row['status']} | {_fmt(row.get('work_bound'))} | "
+                     f"{_fmt(row.get('start_ub'))} | "
                      f"{_fmt(row['best'])} | {_fmt(row['bound'])} | "
                      f"{_fmt(row['gap'] * 100 if row['gap'] is not None else None, 1)}% | "
                      f"{row['time_s']} | {row.get('dtime', '-')} | {row.get('load', '-')} |")
+    lines.append("")
     for family in ("distinct", "identical", "arrivals"):
         proven = [r["tasks"] for r in data["rows"] if r["model"] == "full"
                   and r["status"] == "OPTIMAL" and r.get("family", "distinct") == family]

@@ -126,6 +126,7 @@ def test_a_worse_given_hint_is_replaced_by_a_list_schedule() -> None:
                                                    seed=0), hint=serial)
     assert result.makespan_us is not None
     assert result.makespan_us <= schedule_makespan(best[1]) < schedule_makespan(serial)
+    assert result.hint_objective == schedule_makespan(best[1])  # where the search started
     assert _problems(instance, result.schedule) == []
 
 
