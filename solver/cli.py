@@ -42,6 +42,7 @@ from solver.model import (
     FORMULATIONS,
     OBJECTIVES,
     SEARCHES,
+    SET_TIMES_MAX_TASKS,
     SolveOptions,
     SolveResult,
     response_sum,
@@ -441,10 +442,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cumulative (default, fast) or paper (assignment variables)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="makespan",
                         help="makespan (default) or response (sum of job response times)")
-    parser.add_argument("--search", choices=SEARCHES, default="set_times",
-                        help="set_times (default: one worker branches on the earliest "
-                             "start, one runs CP-SAT's default LP search) or default "
-                             "(CP-SAT's own portfolio)")
+    parser.add_argument("--search", choices=SEARCHES, default="auto",
+                        help="set_times (one worker branches on the earliest start, one "
+                             "runs CP-SAT's default LP search), default (CP-SAT's own "
+                             "portfolio) or auto (default: set_times up to "
+                             f"{SET_TIMES_MAX_TASKS} tasks)")
     parser.add_argument("--policy", default="masa", choices=HEURISTIC_POLICIES,
                         help="the heuristic to compare: masa (default, greedy), masa-plan "
                              "(masa's rules in an order planned by local search) or "

@@ -36,7 +36,8 @@ from solver.list_schedule import best_list_schedule
 
 FORMULATIONS = ("cumulative", "paper")
 OBJECTIVES = ("makespan", "response")
-SEARCHES = ("set_times", "default")
+SEARCHES = ("auto", "set_times", "default")
+SET_TIMES_MAX_TASKS = 64  # measured: see benchmarks/bench_solver.py scaling
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,15 @@ class SolveOptions:
     # Also hint with the best of several quick list schedules (solver.list_schedule)
     # when it beats the given hint: a better start and upper bound on tight instances.
     list_hints: bool = True
-    # One search worker branches on the starts, earliest first (set-times
-    # style, CP-SAT's "fixed" subsolver), beside the default LP worker: on
-    # tight instances this DFS finds work-bound-tight schedules and completes
-    # proofs the default portfolio does not (48 tasks: proven in ~8-30 s
-    # instead of 38 s / not at all). "default" leaves CP-SAT's portfolio alone.
-    search: str = "set_times"  # one of SEARCHES
+    # "set_times": one search worker branches on the starts, earliest first
+    # (CP-SAT's "fixed" subsolver) beside the default LP worker. On tight
+    # instances this DFS completes proofs the default portfolio does not
+    # (48 tasks: proven in 30-60 s where the default was not at 60 s), but it
+    # takes a worker from the large-neighbourhood search, which finds better
+    # schedules on larger ones (80 tasks: 292 against 324 in 60 s).
+    # "default": CP-SAT's own portfolio. "auto": set_times up to
+    # SET_TIMES_MAX_TASKS tasks, default above.
+    search: str = "auto"  # one of SEARCHES
     log_search: bool = False
 
 
@@ -481,7 +485,7 @@ def _build(instance: Instance, options: SolveOptions,
             model.add(sum(m * size for m, size in lock_sizes) + energy
                       <= instance.memory * makespan_var)
 
-    if options.search == "set_times":
+    if _set_times(options, len(tasks)):
         # Ties (equal earliest starts): execs first, as the masa policy does
         # (they free memory), then instance order. Measured on a 48-task
         # tight instance: proven at ~10 dtime; instance order alone was not
@@ -542,6 +546,11 @@ def _build(instance: Instance, options: SolveOptions,
                   objective_offset=offset)
 
 
+def _set_times(options: SolveOptions, num_tasks: int) -> bool:
+    return options.search == "set_times" or (
+        options.search == "auto" and num_tasks <= SET_TIMES_MAX_TASKS)
+
+
 def _solve_one(instance: Instance, options: SolveOptions,
                hint: dict[str, ScheduledTask] | None, end_by: int | None = None
                ) -> SolveResult:
@@ -554,7 +563,7 @@ def _solve_one(instance: Instance, options: SolveOptions,
     solver.parameters.num_search_workers = max(1, options.search_workers)
     solver.parameters.random_seed = options.seed
     solver.parameters.log_search_progress = options.log_search
-    if options.search == "set_times" and options.search_workers >= 2:
+    if _set_times(options, instance.num_tasks) and options.search_workers >= 2:
         # The default LP worker proves bounds; the fixed-strategy worker
         # follows the decision strategy above; any further workers keep the
         # default portfolio's large-neighbourhood search.

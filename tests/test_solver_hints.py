@@ -137,20 +137,24 @@ def test_set_times_search_keeps_the_optimum() -> None:
     for seed in (5, 6):
         instance = random_instance(RandomSpec(networks=3, layers=2, seed=seed, tightness=1.2))
         default = solve_instance(instance, replace(FAST, search="default"))
-        set_times = solve_instance(instance, FAST)
-        two_workers = solve_instance(instance, replace(FAST, search_workers=2))
+        set_times = solve_instance(instance, replace(FAST, search="set_times"))
+        two_workers = solve_instance(instance, replace(FAST, search="set_times",
+                                                       search_workers=2))
         assert default.status == set_times.status == two_workers.status == "OPTIMAL"
         assert default.makespan_us == set_times.makespan_us == two_workers.makespan_us
         assert _problems(instance, two_workers.schedule) == []
+    assert solve_instance(instance, replace(FAST, search="auto")).makespan_us == \
+        default.makespan_us
     with pytest.raises(ValueError, match="search must be one of"):
         solve_instance(instance, replace(FAST, search="dfs"))
 
 
 def test_masa_optimal_search_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    """--search default and --plain reach the same optimum as the default search."""
+    """Every --search choice, --plain and --no-hint reach the same optimum."""
     spec = "networks=2,layers=3,seed=3,tightness=1.2"
     makespans = []
-    for extra in ([], ["--search", "default"], ["--plain"], ["--no-hint"]):
+    for extra in ([], ["--search", "set_times"], ["--search", "default"], ["--plain"],
+                  ["--no-hint"]):
         assert main(["--random", spec, "--json", "--search-workers", "1",
                      "--time-limit", "20", *extra]) == 0
         out = json.loads(capsys.readouterr().out)
