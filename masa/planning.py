@@ -12,11 +12,11 @@ nothing fits and nothing runs) but, instead of a fixed priority, follows a
 - `RankedPolicy` dispatches, among the ready tasks that fit, the one of lowest
   rank. It is an ordinary policy: the simulator and the real executor drive it
   through masa.core like any other.
-- `plan_rank` builds the residual problem (the arrived tasks not yet started,
-  the memory free now), decodes candidate orders by running `RankedPolicy` on
-  it in masa.simulator, and improves the best of a few rule-based orders by
-  seeded random swap and move steps, keeping a step when the makespan does not
-  get worse.
+- `plan_rank` takes the residual problem (`residual_graph`: the arrived tasks
+  not yet started, the memory free now), decodes candidate orders by running
+  `RankedPolicy` on it in masa.simulator, and improves the best of a few
+  rule-based orders by seeded simulated annealing, in both decoder modes
+  (`strict_loads` off and on).
 - `PlanningPolicy` (registered as `masa-plan`) replans whenever a task it has
   no rank for becomes ready (a job arrived), then dispatches by that rank.
 
@@ -24,9 +24,9 @@ Because the decoder is the simulator driving the same policy, a plan made when
 nothing is running is reproduced exactly in simulation; when it is made while
 tasks run, their memory counts as held for the whole plan and their remaining
 time is not known (the core has no clock), so the plan is an estimate. Cost:
-`iterations` simulations of the residual tasks per arrival, O(iterations x n
-log n) for n tasks, which is meant for jobs of many networks arriving together
-and for checking the heuristic against the optimum (masa-optimal), not for
+`iterations` simulations of the residual tasks per arrival (about 100,000
+task decodes, docs/scheduling.md), which is meant for jobs of many networks
+arriving together and for checking the heuristic against the optimum (masa-optimal), not for
 thousands of queued jobs. Pure: no clocks, threads or I/O; randomness from a
 seeded numpy Generator.
 """
@@ -34,7 +34,9 @@ seeded numpy Generator.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,13 +44,17 @@ from masa.core import SchedulerState, TaskInfo, TaskState
 from masa.policies import MasaPolicy, _Entry
 from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
 
-# Local-search steps per plan: up to MAX_ITERATIONS, fewer for large residual
-# problems so that one plan costs at most about STEP_BUDGET task decodes
-# (1000 steps for the solver benchmark's 16-48-task instances: measured
-# median 1.04 and worst 1.14 of the optimum there; 300 steps gave 1.06/1.18).
-MAX_ITERATIONS = 1000
+# Annealing steps per plan (split between the two decoder modes): up to
+# MAX_ITERATIONS, fewer for large residual problems so that one plan costs at
+# most about STEP_BUDGET task decodes. 2,000 steps for the solver benchmark's
+# 16-48-task instances (docs/bench-solver.md); with 1,000 the tight median
+# was 1.055-1.061 of the optimum over two seeds, with 2,000 1.036-1.042.
+MAX_ITERATIONS = 2000
 MIN_ITERATIONS = 20
-STEP_BUDGET = 50_000
+STEP_BUDGET = 100_000
+# Annealing's starting temperature, as a fraction of the starting makespan
+# (0.5%, 1% and 3% measured: 1% best on the solver benchmark's instances).
+ANNEALING_START = 0.01
 _UNRANKED = 1 << 60  # tasks the plan does not know (should not happen) go last
 # Orders that end in an over-commit are worse than any within the budget.
 _OVER_BUDGET_PENALTY = 1 << 40
@@ -59,9 +65,13 @@ class RankedPolicy(MasaPolicy):
 
     name = "masa-ranked"
 
-    def __init__(self, rank: Mapping[str, int]) -> None:
+    def __init__(self, rank: Mapping[str, int], strict_loads: bool = False) -> None:
         super().__init__(admission=False, headroom=True)
         self.rank: Mapping[str, int] = rank
+        # strict_loads: LOADs start in rank order; one that does not fit holds
+        # back the LOADs ranked after it (EXECs still pass). This lets a plan
+        # keep memory free for a heavy LOAD instead of filling it with light ones.
+        self.strict_loads = strict_loads
         self._ready: list[_Entry] = []  # (rank, task_id, ready_epoch)
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
@@ -83,11 +93,15 @@ class RankedPolicy(MasaPolicy):
         entries = self._ready_entries(state)
         free_bytes = state.ledger.free_bytes()
         tasks = state.tasks
+        loads_blocked = False
         for position, (_, task_id, epoch) in enumerate(entries):
             info = tasks[task_id]
             if info.task.kind is TaskKind.LOAD:
+                if loads_blocked:
+                    continue
                 fits = self._load_fits(state, (info.footprint_bytes, task_id, epoch),
                                        free_bytes, 0)
+                loads_blocked = self.strict_loads and not fits
             else:
                 fits = info.footprint_bytes <= free_bytes
             if fits:
@@ -167,35 +181,77 @@ def initial_orders(graph: TaskGraph) -> list[list[str]]:
     return [[task.task_id for task in sorted(tasks, key=key)] for key in keys]
 
 
-def _cost(graph: TaskGraph, order: Sequence[str], workers: int, memory_bytes: int) -> int:
+def _cost(graph: TaskGraph, order: Sequence[str], workers: int, memory_bytes: int,
+          strict_loads: bool) -> int:
     from masa.simulator import simulate_graph  # here: the simulator imports the core
 
     rank = {task_id: index for index, task_id in enumerate(order)}
-    result = simulate_graph(graph, policy=RankedPolicy(rank), workers=workers,
+    result = simulate_graph(graph, policy=RankedPolicy(rank, strict_loads), workers=workers,
                             memory_budget_bytes=memory_bytes)
     return result.makespan_us + _OVER_BUDGET_PENALTY * len(result.over_commits)
 
 
-def plan_rank(graph: TaskGraph, *, workers: int, memory_bytes: int, iterations: int,
-              rng: np.random.Generator) -> dict[str, int]:
-    """A dispatch rank for `graph`: the best order found by local search."""
-    if not graph.tasks:
-        return {}
-    best_cost, best_order = min(
-        ((_cost(graph, order, workers, memory_bytes), order)
+@dataclass(frozen=True)
+class Plan:
+    """A dispatch rank, the RankedPolicy mode it was decoded with, and its makespan."""
+
+    rank: dict[str, int]
+    strict_loads: bool
+    cost: int  # the decoded makespan (plus a large penalty per over-commit)
+
+
+def _anneal(graph: TaskGraph, workers: int, memory_bytes: int, strict_loads: bool,
+            steps: int, rng: np.random.Generator) -> tuple[int, list[str]]:
+    """Simulated annealing over dispatch orders from the best rule-based one."""
+    current_cost, current = min(
+        ((_cost(graph, order, workers, memory_bytes, strict_loads), order)
          for order in initial_orders(graph)), key=lambda item: item[0])
-    count = len(best_order)
-    for _ in range(iterations if count > 1 else 0):
-        candidate = list(best_order)
+    best_cost, best_order = current_cost, current
+    count = len(current)
+    start_temperature = ANNEALING_START * current_cost
+    steps = steps if count > 1 else 0
+    for step in range(steps):
+        temperature = start_temperature * (1 - step / steps)
+        candidate = list(current)
         first, second = (int(x) for x in rng.integers(0, count, size=2))
         if rng.random() < 0.5:
             candidate[first], candidate[second] = candidate[second], candidate[first]
         else:
             candidate.insert(second, candidate.pop(first))
-        cost = _cost(graph, candidate, workers, memory_bytes)
-        if cost <= best_cost:  # equal moves too: they let the search drift on plateaus
-            best_cost, best_order = cost, candidate
-    return {task_id: index for index, task_id in enumerate(best_order)}
+        cost = _cost(graph, candidate, workers, memory_bytes, strict_loads)
+        worse_by = cost - current_cost
+        # Draw every step, so the sequence of random numbers does not depend on costs.
+        chance = float(rng.random())
+        if worse_by <= 0 or (temperature > 0 and chance < math.exp(-worse_by / temperature)):
+            current_cost, current = cost, candidate
+            if cost < best_cost:
+                best_cost, best_order = cost, candidate
+    return best_cost, best_order
+
+
+def plan_rank(graph: TaskGraph, *, workers: int, memory_bytes: int, iterations: int,
+              rng: np.random.Generator) -> Plan:
+    """The best dispatch order found by simulated annealing, in either decoder mode.
+
+    Each mode (LOADs may overtake a LOAD that does not fit, or not) gets half
+    the steps; each starts from its best rule-based order. A step swaps two
+    tasks or moves one and is kept if the makespan does not grow, or grows by
+    d with probability exp(-d / T), T falling linearly from 1% of the starting
+    makespan to 0. Why annealing: plain descent got stuck (3,000 steps found
+    nothing better than 1,000 on the benchmark's tight instances). Why both
+    modes: each one reaches optima the other cannot on some instances.
+    """
+    if not graph.tasks:
+        return Plan(rank={}, strict_loads=False, cost=0)
+    best: Plan | None = None
+    for strict_loads in (False, True):
+        cost, order = _anneal(graph, workers, memory_bytes, strict_loads,
+                              iterations // 2, rng)
+        if best is None or cost < best.cost:
+            best = Plan({task_id: index for index, task_id in enumerate(order)},
+                        strict_loads, cost)
+    assert best is not None
+    return best
 
 
 class PlanningPolicy(RankedPolicy):
@@ -224,9 +280,10 @@ class PlanningPolicy(RankedPolicy):
             if iterations is None:
                 iterations = max(MIN_ITERATIONS, min(
                     MAX_ITERATIONS, STEP_BUDGET // max(1, len(graph.tasks))))
-            self.rank = plan_rank(graph, workers=state.workers,
-                                  memory_bytes=max(0, state.ledger.free_bytes()),
-                                  iterations=iterations, rng=self._rng)
+            plan = plan_rank(graph, workers=state.workers,
+                             memory_bytes=max(0, state.ledger.free_bytes()),
+                             iterations=iterations, rng=self._rng)
+            self.rank, self.strict_loads = plan.rank, plan.strict_loads
             self._ready = [(self.rank.get(tid, _UNRANKED), tid, epoch)
                            for _, tid, epoch in self._ready]
         return super().pick(state)

@@ -42,6 +42,10 @@ def test_ranked_policy_starts_the_lowest_rank_that_fits() -> None:
     assert [d.task_id for d in select(state)] == ["j2/n0/s0/load", "j1/n0/s0/load"]
     finish(state, "j1/n0/s0/load")
     assert [d.task_id for d in select(state)] == ["j1/n0/s0/exec"]
+    # strict_loads: j0's LOAD does not fit, so it holds back j1's (ranked after it).
+    strict = new_state(2, 70, RankedPolicy(rank, strict_loads=True))
+    add_tasks(strict, graph)
+    assert [d.task_id for d in select(strict)] == ["j2/n0/s0/load"]
 
 
 @pytest.mark.parametrize("spec", [
@@ -75,7 +79,8 @@ def test_plan_is_deterministic_for_a_seed() -> None:
     # The search never returns worse than the best rule-based order it starts from.
     start = plan_rank(instance.graph, workers=2, memory_bytes=instance.memory, iterations=0,
                       rng=np.random.default_rng(1))
-    unsearched = simulate_graph(instance.graph, policy=RankedPolicy(start), workers=2,
+    unsearched = simulate_graph(instance.graph,
+                                policy=RankedPolicy(start.rank, start.strict_loads), workers=2,
                                 memory_budget_bytes=instance.memory)
     assert runs[0].makespan_us <= unsearched.makespan_us
 
