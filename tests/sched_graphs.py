@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from solver.instance import Instance
 
 
 def single(task_id: str, kind: TaskKind, memory_bytes: int, *, duration_us: int = 10,
@@ -98,3 +99,12 @@ def random_workload(seed: int, *, jobs: int = 4, max_networks: int = 3,
                 layer_types=["conv"] * conv_stages + ["fc"] * (stages - conv_stages),
             ))
     return merge(graphs)
+
+
+def solver_instance(tasks: Sequence[Task], *, workers: int, memory: int,
+                    precedence: tuple[tuple[str, str], ...] = (),
+                    locks: tuple[Lock, ...] = ()) -> Instance:
+    """A solver instance (unit time and memory) from hand-written tasks."""
+    graph = TaskGraph(tasks=tuple(tasks), precedence=precedence, locks=locks)
+    return Instance(graph=graph, workers=workers, memory=memory, time_unit="unit",
+                    memory_unit="unit", name="test")

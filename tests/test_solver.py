@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sched_graphs import solver_instance
 
 from masa.checker import check_schedule
 from masa.errors import UserError
@@ -52,12 +53,7 @@ def _task(task_id: str, duration: int, memory: int = 0, kind: TaskKind = TaskKin
     return Task(task_id, kind, duration, memory, release_us=release, job_id=job, group=group)
 
 
-def _instance(tasks: list[Task], *, workers: int, memory: int,
-              precedence: tuple[tuple[str, str], ...] = (),
-              locks: tuple[Lock, ...] = ()) -> Instance:
-    graph = TaskGraph(tasks=tuple(tasks), precedence=precedence, locks=locks)
-    return Instance(graph=graph, workers=workers, memory=memory, time_unit="unit",
-                    memory_unit="unit", name="test")
+_instance = solver_instance
 
 
 def _checked(instance: Instance, result: SolveResult) -> SolveResult:

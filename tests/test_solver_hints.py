@@ -11,9 +11,10 @@ import json
 from dataclasses import replace
 
 import pytest
+from sched_graphs import solver_instance
 
 from masa.checker import check_schedule
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.taskgraph import Lock, Task, TaskKind
 from solver.cli import main
 from solver.instance import Instance, RandomSpec, random_instance
 from solver.list_schedule import best_list_schedule, list_schedules
@@ -22,12 +23,7 @@ from solver.model import SolveOptions, schedule_makespan, serial_schedule, solve
 FAST = SolveOptions(time_limit_s=20.0, search_workers=1, seed=3)
 
 
-def _instance(tasks: list[Task], *, workers: int, memory: int,
-              precedence: tuple[tuple[str, str], ...] = (),
-              locks: tuple[Lock, ...] = ()) -> Instance:
-    graph = TaskGraph(tasks=tuple(tasks), precedence=precedence, locks=locks)
-    return Instance(graph=graph, workers=workers, memory=memory, time_unit="unit",
-                    memory_unit="unit", name="test")
+_instance = solver_instance
 
 
 def _problems(instance: Instance, schedule: object) -> list[str]:
