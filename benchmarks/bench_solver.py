@@ -39,9 +39,10 @@ SEARCH_WORKERS = 2
 
 
 def _evaluate(instance: Instance, time_limit_s: float, policy: str = "masa",
-              **overrides: Any) -> Evaluation:
+              heuristic_run: Any = None, **overrides: Any) -> Evaluation:
     options = SolveOptions(time_limit_s=time_limit_s, search_workers=SEARCH_WORKERS, seed=0)
-    return evaluate(instance, replace(options, **overrides), policy=policy)
+    return evaluate(instance, replace(options, **overrides), policy=policy,
+                    heuristic_run=heuristic_run)
 
 
 def _evaluate_both(instance: Instance, time_limit_s: float) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def _evaluate_both(instance: Instance, time_limit_s: float) -> dict[str, Any]:
     start_s = time.perf_counter()
     planned = run_heuristic(instance, "masa-plan")
     plan_s = time.perf_counter() - start_s
-    evaluation = _evaluate(instance, time_limit_s, policy="masa-plan")
+    evaluation = _evaluate(instance, time_limit_s, policy="masa-plan", heuristic_run=planned)
     greedy = run_heuristic(instance, "masa")
     assert greedy is not None and planned is not None
     schedule, over_commits = greedy
@@ -326,11 +327,12 @@ def _scaling_md(data: dict[str, Any]) -> list[str]:
 
 def _gantts(instance: Instance, prefix: str, title: str) -> None:
     """Gantt charts of the optimal, masa and masa-plan schedules of one instance."""
-    evaluation = _evaluate(instance, 30.0, policy="masa-plan")
+    runs = {policy: run_heuristic(instance, policy) for policy in ("masa", "masa-plan")}
+    evaluation = _evaluate(instance, 30.0, policy="masa-plan", heuristic_run=runs["masa-plan"])
     write_gantt(instance, evaluation.result.schedule, DOCS / f"{prefix}-optimal.png",
                 title=f"{title}: optimal makespan {evaluation.result.makespan_us}")
     for policy, suffix in (("masa", "heuristic"), ("masa-plan", "plan")):
-        run = run_heuristic(instance, policy)
+        run = runs[policy]
         assert run is not None
         write_gantt(instance, run[0], DOCS / f"{prefix}-{suffix}.png",
                     title=f"{title}: {policy} makespan {schedule_makespan(run[0])}")

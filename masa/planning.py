@@ -33,6 +33,7 @@ seeded numpy Generator.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Mapping, Sequence
@@ -94,13 +95,12 @@ class RankedPolicy(MasaPolicy):
         free_bytes = state.ledger.free_bytes()
         tasks = state.tasks
         loads_blocked = False
-        for position, (_, task_id, epoch) in enumerate(entries):
+        for position, (_, task_id, _) in enumerate(entries):
             info = tasks[task_id]
             if info.task.kind is TaskKind.LOAD:
                 if loads_blocked:
                     continue
-                fits = self._load_fits(state, (info.footprint_bytes, task_id, epoch),
-                                       free_bytes, 0)
+                fits = self._load_fits(state, task_id, info.footprint_bytes, free_bytes, 0)
                 loads_blocked = self.strict_loads and not fits
             else:
                 fits = info.footprint_bytes <= free_bytes
@@ -126,11 +126,7 @@ def residual_graph(state: SchedulerState) -> TaskGraph:
     start_after: list[tuple[str, str]] = []
     locks: list[Lock] = []
     for task_id, info in residual.items():
-        task = info.task
-        tasks.append(Task(task_id, task.kind, task.duration_us, task.memory_bytes,
-                          release_us=0, order=task.order, group=task.group,
-                          job_id=task.job_id, network=task.network, stage_id=task.stage_id,
-                          layer_type=task.layer_type))
+        tasks.append(dataclasses.replace(info.task, release_us=0))
         precedence += [(task_id, s) for s in info.successors if s in residual]
         start_after += [(task_id, s) for s in info.start_successors if s in residual]
         for lock_id in info.locks_from:

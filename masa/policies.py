@@ -139,11 +139,13 @@ class MasaPolicy:
         # First, as it moves LOADs of networks started meanwhile into self._loads.
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
-        load_fits = load_top is not None and self._load_fits(state, load_top, free_bytes, 0)
+        load_fits = load_top is not None and self._load_fits(
+            state, load_top[-2], load_top[0], free_bytes, 0)
         # Admission: a network starts only if the smallest waiting LOAD of the
         # started networks still fits next to it.
         fresh_fits = fresh_top is not None and self._load_fits(
-            state, fresh_top, free_bytes, 0 if load_top is None else load_top[0])
+            state, fresh_top[-2], fresh_top[0], free_bytes,
+            0 if load_top is None else load_top[0])
         if load_fits and (not fresh_fits or load_top <= fresh_top):  # type: ignore[operator]
             return heapq.heappop(self._loads)[-2]
         if fresh_fits:
@@ -157,10 +159,9 @@ class MasaPolicy:
                 return heapq.heappop(self._fresh)[-2]
         return None
 
-    def _load_fits(self, state: SchedulerState, entry: _Entry, free_bytes: int,
-                   reserve_bytes: int) -> bool:
+    def _load_fits(self, state: SchedulerState, task_id: str, footprint: int,
+                   free_bytes: int, reserve_bytes: int) -> bool:
         """Whether a LOAD may start now, with `reserve_bytes` kept free besides it."""
-        footprint = entry[0]
         if footprint + reserve_bytes > free_bytes:
             return False
         if not self.headroom:
@@ -168,7 +169,6 @@ class MasaPolicy:
         # The EXECs of loaded stages (and this LOAD's own) must still find room
         # once the running LOADs end and hand back their transient direct memory;
         # otherwise loads fill memory to the brim and no EXEC can ever start.
-        task_id = entry[-2]
         need = max(self._exec_need(state), self._own_need(state, task_id))
         returning = self._running_load_direct_bytes + state.tasks[task_id].task.memory_bytes
         return free_bytes - footprint - reserve_bytes + returning >= need

@@ -45,10 +45,12 @@ from masa.session import session_options
 from model_prep.manifest import OrtOptimization
 
 # model_prep.split imports this module only inside split_model, so no cycle.
-from model_prep.split import apply_input_shapes, infer_types, one_line
-
-# Saved with external data from this many weight bytes on (protobuf's 2 GiB cap).
-_EXTERNAL_DATA_BYTES = 1_800_000_000
+from model_prep.split import (
+    DEFAULT_EXTERNAL_DATA_BYTES,
+    apply_input_shapes,
+    infer_types,
+    one_line,
+)
 
 
 def current_optimization() -> OrtOptimization:
@@ -132,7 +134,8 @@ def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write `model` for ONNX Runtime, large weights as external data (which empties
     the in-memory tensors: `model` is of no use afterwards then)."""
     weight_bytes = sum(t.ByteSize() for t in model.graph.initializer)
-    onnx.save_model(model, str(path), save_as_external_data=weight_bytes >= _EXTERNAL_DATA_BYTES,
+    onnx.save_model(model, str(path),
+                    save_as_external_data=weight_bytes >= DEFAULT_EXTERNAL_DATA_BYTES,
                     all_tensors_to_one_file=True, location=f"{path.name}.data",
                     size_threshold=1024)
 

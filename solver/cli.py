@@ -141,14 +141,17 @@ def _objective(instance: Instance, options: SolveOptions,
 
 
 def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True,
-             policy: str = "masa") -> Evaluation:
+             policy: str = "masa",
+             heuristic_run: tuple[tuple[ScheduledTask, ...], tuple[str, ...]] | None = None
+             ) -> Evaluation:
     """A heuristic (`masa` by default), then the solver hinted with the best schedule
-    within budget."""
+    within budget. heuristic_run: that policy's `run_heuristic` result, if the
+    caller already has it (masa-plan plans for about a second)."""
     check_feasible(instance)
     # The solver ignores start_after (a rule of the heuristic only): its hints
     # and its schedule are checked against everything else.
     unordered = replace(instance, graph=replace(instance.graph, start_after=()))
-    simulated = run_heuristic(instance, policy)
+    simulated = heuristic_run if heuristic_run is not None else run_heuristic(instance, policy)
     heuristic_problems: list[str] = []
     heuristic, over_commits = simulated if simulated is not None else (None, ())
     hint = None

@@ -124,7 +124,7 @@ def test_large_model_path_external_weights(tmp_path: Path,
     """Models past protobuf's cap go through external data files, probe included."""
     import model_prep.optimize as optimize
 
-    monkeypatch.setattr(optimize, "_EXTERNAL_DATA_BYTES", 1)
+    monkeypatch.setattr(optimize, "DEFAULT_EXTERNAL_DATA_BYTES", 1)
     path = models.save(models.residual_branches(_rng(2)), tmp_path, "big")
     # --input-shape makes it write the changed model (as external data) for ORT.
     optimized = split_model(path, tmp_path / "opt", "big", {"x": [1, 3, 16, 16]},
