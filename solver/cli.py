@@ -39,6 +39,7 @@ from solver.instance import (
     write_instance,
 )
 from solver.model import (
+    DIRECTIONS,
     FORMULATIONS,
     OBJECTIVES,
     SEARCHES,
@@ -450,6 +451,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs CP-SAT's default LP search), default (CP-SAT's own "
                              "portfolio) or auto (default: set_times up to "
                              f"{SET_TIMES_MAX_TASKS} tasks)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="auto",
+                        help="forward, backward (solve the time-reversed instance, so the "
+                             "search starts from the end of the schedule) or auto (default: "
+                             "backward for the makespan objective when the instance has one "
+                             "common release)")
     parser.add_argument("--policy", default="masa", choices=HEURISTIC_POLICIES,
                         help="the heuristic to compare: masa (default, greedy), masa-plan "
                              "(masa's rules in an order planned by local search) or "
@@ -460,8 +466,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "own list schedules)")
     parser.add_argument("--plain", action="store_true",
                         help="plain model: no symmetry breaking, redundant constraints, "
-                             "decomposition, list-schedule hints or set-times search (for "
-                             "comparison)")
+                             "decomposition, list-schedule hints, set-times or backward "
+                             "search (for comparison)")
     parser.add_argument("--json", action="store_true", help="emit the result as JSON")
     parser.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the "
                         "optimal schedule")
@@ -476,16 +482,19 @@ def handle(args: argparse.Namespace) -> int:
         raise UserError("--jobs: expected an integer >= 1")
     if args.time_limit <= 0 or args.search_workers < 1:
         raise UserError("--time-limit must be > 0 and --search-workers >= 1")
+    if args.direction == "backward" and args.objective != "makespan":
+        raise UserError("--direction backward: reading a schedule backwards keeps its "
+                        "makespan, not response times; use it with --objective makespan")
     instance = _instance_from_args(args)
     if args.write_instance:
         write_instance(instance, args.write_instance)
     options = SolveOptions(time_limit_s=args.time_limit, search_workers=args.search_workers,
                            seed=args.seed, formulation=args.formulation,
                            objective=args.objective, search=args.search,
-                           list_hints=not args.no_hint)
+                           direction=args.direction, list_hints=not args.no_hint)
     if args.plain:
         options = replace(options, symmetry_breaking=False, redundant=False, decompose=False,
-                          list_hints=False, search="default")
+                          list_hints=False, search="default", direction="forward")
     evaluation = evaluate(instance, options, use_hint=not args.no_hint, policy=args.policy)
     if args.json:
         print(json.dumps(evaluation_to_dict(evaluation), indent=1))

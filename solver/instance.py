@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from masa.atomic import atomic_write_text
 from masa.errors import ErrorCollector, UserError
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind, find_cycle
+from masa.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind, find_cycle
 
 INSTANCE_KINDS = tuple(kind.value for kind in TaskKind)
 
@@ -289,6 +290,46 @@ def instance_to_dict(instance: Instance) -> dict[str, Any]:
 
 def write_instance(instance: Instance, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(instance_to_dict(instance), indent=1) + "\n")
+
+
+# ---------------------------------------------------------------- time reversal
+
+def mirrored(instance: Instance) -> Instance | None:
+    """The instance with time running backwards, or None if it has no exact mirror.
+
+    A schedule of the mirror read backwards (`mirror_schedule`) is a schedule
+    of the original with the same makespan, and the other way round:
+    precedence turns around, and a lock held from start(from) to end(until)
+    is held from the mirrored start of `until` to the mirrored end of `from`.
+    That needs every lock to have one until-task, its from-task or one
+    descending from it (true of every graph masa.jobs and the random
+    generator build), and one common release (the mirror starts at 0; add it back).
+    The heuristic-only start_after rule is dropped, as the solver drops it.
+    """
+    graph = instance.graph
+    if len({task.release_us for task in graph.tasks}) > 1:
+        return None
+    ancestors = ancestor_sets(graph)
+    for lock in graph.locks:
+        if len(lock.until_tasks) != 1 or lock.from_task not in (
+                ancestors[lock.until_tasks[0]] | {lock.until_tasks[0]}):
+            return None
+    mirror = TaskGraph(
+        tasks=tuple(replace(task, release_us=0) for task in graph.tasks),
+        precedence=tuple((after, before) for before, after in graph.precedence),
+        locks=tuple(Lock(lock.lock_id, lock.until_tasks[0], (lock.from_task,),
+                         lock.memory_bytes) for lock in graph.locks))
+    return replace(instance, graph=mirror)
+
+
+def mirror_schedule(schedule: Iterable[ScheduledTask], end_us: int) -> list[ScheduledTask]:
+    """Read a schedule backwards from `end_us`: [s, e) becomes [end_us - e, end_us - s).
+
+    Its own inverse with the same `end_us`: the original's makespan (its
+    common release plus the mirror's makespan, going back).
+    """
+    return [ScheduledTask(item.task_id, item.worker, end_us - item.end_us,
+                          end_us - item.start_us) for item in schedule]
 
 
 # ---------------------------------------------------------------- feasibility

@@ -24,12 +24,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
-from masa.taskgraph import Lock, ScheduledTask, TaskGraph, TaskKind
-from solver.instance import Instance, ancestor_sets, spanning_locks
+from masa.taskgraph import ScheduledTask, TaskGraph, TaskKind
+from solver.instance import Instance, ancestor_sets, mirrored, spanning_locks
 
 _INF = math.inf
 
@@ -304,7 +303,7 @@ def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = N
             found.append((name, _as_schedule(instance, starts)))
     # Forward-backward improvement of the best few (makespan): cheap, and on
     # tight instances it closes much of the gap the priority rules leave.
-    reverse = _reversed(instance)
+    reverse = mirrored(instance)
     if reverse is not None:
         ranked = sorted(found, key=lambda item: schedule_end(item[1]))[:justify]
         for name, schedule in ranked:
@@ -327,25 +326,6 @@ def _as_schedule(instance: Instance, starts: dict[str, int]) -> tuple[ScheduledT
     return tuple(sorted((ScheduledTask(t, worker[t], s, s + duration[t])
                          for t, s in starts.items()),
                         key=lambda item: (item.start_us, item.worker, item.task_id)))
-
-
-def _reversed(instance: Instance) -> Instance | None:
-    """The instance with time running backwards, or None if it has no such mirror.
-
-    A schedule of it read backwards is a schedule of the original: precedence
-    turns around, and a lock held from start(from) to end(until) is held from
-    the (reversed) start of `until` to the end of `from`. Releases (which
-    would become deadlines) and locks with several until-tasks have no mirror.
-    """
-    graph = instance.graph
-    if any(t.release_us for t in graph.tasks) or any(
-            len(lock.until_tasks) != 1 for lock in graph.locks):
-        return None
-    locks = tuple(Lock(lock.lock_id, lock.until_tasks[0], (lock.from_task,),
-                       lock.memory_bytes) for lock in graph.locks)
-    mirror = TaskGraph(tasks=graph.tasks, locks=locks,
-                       precedence=tuple((after, before) for before, after in graph.precedence))
-    return replace(instance, graph=mirror)
 
 
 def _forward_backward(instance: Instance, reverse: Instance,

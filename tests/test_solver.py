@@ -28,6 +28,8 @@ from solver.instance import (
     instance_to_dict,
     load_instance,
     minimum_memory,
+    mirror_schedule,
+    mirrored,
     parse_random_spec,
     random_instance,
     write_instance,
@@ -449,6 +451,11 @@ def test_masa_optimal_user_errors_exit_2(tmp_path: Path,
     assert main([str(tmp_path / "nope.json")]) == 2
     assert "cannot read instance" in capsys.readouterr().err
     assert main(["--random", "layers=x"]) == 2
+    capsys.readouterr()
+    assert main(["--random", "layers=2", "--direction", "backward",
+                 "--objective", "response"]) == 2
+    error = capsys.readouterr().err
+    assert "--direction backward" in error and error.count("\n") == 1
     assert main([]) == 2
     assert "missing INSTANCE" in capsys.readouterr().err
     workload = tmp_path / "w.yaml"
@@ -518,3 +525,69 @@ def test_masa_optimal_is_also_a_masa_subcommand(capsys: pytest.CaptureFixture[st
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "OPTIMAL" and out["tasks"] == 8
     assert masa_main(["optimal", "--random", "networks=0"]) == 2
+
+
+# ---------------------------------------------------------------- time reversal
+
+def test_a_mirror_schedule_read_backwards_is_valid_with_the_same_makespan() -> None:
+    """Solve the mirror (time reversed) forwards; reading its schedule backwards
+    gives a valid schedule of the original of the same makespan, and reading
+    that backwards again gives the mirror's schedule back."""
+    instance = random_instance(RandomSpec(networks=3, layers=3, seed=7, tightness=1.2,
+                                          unload=True))
+    mirror = mirrored(instance)
+    assert mirror is not None
+    assert {(b, a) for a, b in instance.graph.precedence} == set(mirror.graph.precedence)
+    solved = solve_instance(mirror, replace(FAST, direction="forward"))
+    assert solved.status == "OPTIMAL" and solved.direction == "forward"
+    backwards = mirror_schedule(solved.schedule, solved.makespan_us)
+    _checked(instance, replace(solved, schedule=tuple(backwards)))
+    assert schedule_makespan(backwards) == solved.makespan_us
+    assert set(mirror_schedule(backwards, solved.makespan_us)) == set(solved.schedule)
+
+
+def test_both_directions_prove_the_same_optimum() -> None:
+    """Backward search changes only where CP-SAT starts branching: on seeded
+    instances (with and without unload tasks, 1-3 workers, one common release
+    of 7) it proves the optimum forward search proves, and its schedules,
+    read back into forward time, pass the checker."""
+    for seed in range(6):
+        instance = random_instance(RandomSpec(
+            networks=2 + seed % 2, layers=3, seed=200 + seed, tightness=(1.2, 1.6)[seed % 2],
+            workers=1 + seed % 3, unload=seed % 3 == 0, load_ratio=(1.0, 4.0)[seed % 2]))
+        if seed >= 4:  # released together, later than 0: the mirror starts at 0
+            graph = instance.graph
+            instance = replace(instance, graph=replace(graph, tasks=tuple(
+                replace(task, release_us=7) for task in graph.tasks)))
+        forward = _solve(instance, replace(FAST, direction="forward"))
+        backward = _solve(instance, replace(FAST, direction="backward"))
+        assert (forward.direction, backward.direction) == ("forward", "backward")
+        assert forward.status == backward.status == "OPTIMAL", seed
+        assert forward.makespan_us == backward.makespan_us, seed
+        assert min(item.start_us for item in backward.schedule) >= (7 if seed >= 4 else 0)
+        assert _solve(instance).direction == "backward"  # auto, makespan
+
+
+def test_backward_search_only_where_the_mirror_is_exact() -> None:
+    """No mirror for different releases, a lock until several tasks, or a lock
+    whose until-task does not descend from its from-task: those instances, and
+    the response objective (a mirror keeps the makespan, not response times),
+    are solved forwards; asking for backward with the response objective is an
+    error."""
+    releases = random_instance(RandomSpec(networks=2, layers=2, seed=1, release_gap=3))
+    assert mirrored(releases) is None
+    tasks = [_task("A", 1), _task("B", 2), _task("C", 5), _task("D", 3, 5)]
+    several = _instance(tasks, workers=2, memory=10, precedence=(("A", "B"), ("A", "C")),
+                        locks=(Lock("l", "A", ("B", "C"), 6),))
+    unrelated = _instance(tasks, workers=2, memory=10, locks=(Lock("l", "A", ("C",), 6),))
+    for instance in (releases, several, unrelated):
+        assert mirrored(instance) is None
+        assert _solve(instance, replace(FAST, direction="backward", decompose=False)
+                      ).direction == "forward"
+    tight = random_instance(RandomSpec(networks=2, layers=2, seed=1, tightness=1.5))
+    assert mirrored(tight) is not None
+    assert _solve(tight, replace(FAST, objective="response")).direction == "forward"
+    with pytest.raises(ValueError, match="backward"):
+        solve_instance(tight, replace(FAST, objective="response", direction="backward"))
+    with pytest.raises(ValueError, match="direction must be one of"):
+        solve_instance(tight, replace(FAST, direction="sideways"))

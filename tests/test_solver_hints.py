@@ -146,11 +146,12 @@ def test_set_times_search_keeps_the_optimum() -> None:
 
 
 def test_masa_optimal_search_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every --search choice, --plain and --no-hint reach the same optimum."""
+    """Every --search and --direction choice, --plain and --no-hint reach the same
+    optimum."""
     spec = "networks=2,layers=3,seed=3,tightness=1.2"
     makespans = []
     for extra in ([], ["--search", "set_times"], ["--search", "default"], ["--plain"],
-                  ["--no-hint"]):
+                  ["--no-hint"], ["--direction", "forward"], ["--direction", "backward"]):
         assert main(["--random", spec, "--json", "--search-workers", "1",
                      "--time-limit", "20", *extra]) == 0
         out = json.loads(capsys.readouterr().out)
