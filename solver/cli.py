@@ -447,15 +447,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=OBJECTIVES, default="makespan",
                         help="makespan (default) or response (sum of job response times)")
     parser.add_argument("--search", choices=SEARCHES, default="auto",
-                        help="set_times (one worker branches on the earliest start, one "
-                             "runs CP-SAT's default LP search), default (CP-SAT's own "
-                             "portfolio) or auto (default: set_times up to "
-                             f"{SET_TIMES_MAX_TASKS} tasks)")
+                        help="set_times (CP-SAT's LP search branches on the starts, "
+                             "earliest first), default (CP-SAT's own portfolio) or auto "
+                             "(default: set_times when searching backwards, and forwards "
+                             f"up to {SET_TIMES_MAX_TASKS} tasks)")
     parser.add_argument("--direction", choices=DIRECTIONS, default="auto",
                         help="forward, backward (solve the time-reversed instance, so the "
                              "search starts from the end of the schedule) or auto (default: "
                              "backward for the makespan objective when the instance has one "
                              "common release)")
+    parser.add_argument("--no-probe", action="store_true",
+                        help="minimise the makespan directly (by default, schedules ending "
+                             "by the lower bound, then by one more, ... are asked for first)")
     parser.add_argument("--policy", default="masa", choices=HEURISTIC_POLICIES,
                         help="the heuristic to compare: masa (default, greedy), masa-plan "
                              "(masa's rules in an order planned by local search) or "
@@ -467,7 +470,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plain", action="store_true",
                         help="plain model: no symmetry breaking, redundant constraints, "
                              "decomposition, list-schedule hints, set-times or backward "
-                             "search (for comparison)")
+                             "search, or probing (for comparison)")
     parser.add_argument("--json", action="store_true", help="emit the result as JSON")
     parser.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the "
                         "optimal schedule")
@@ -491,10 +494,12 @@ def handle(args: argparse.Namespace) -> int:
     options = SolveOptions(time_limit_s=args.time_limit, search_workers=args.search_workers,
                            seed=args.seed, formulation=args.formulation,
                            objective=args.objective, search=args.search,
-                           direction=args.direction, list_hints=not args.no_hint)
+                           direction=args.direction, probe=not args.no_probe,
+                           list_hints=not args.no_hint)
     if args.plain:
         options = replace(options, symmetry_breaking=False, redundant=False, decompose=False,
-                          list_hints=False, search="default", direction="forward")
+                          list_hints=False, search="default", direction="forward",
+                          probe=False)
     evaluation = evaluate(instance, options, use_hint=not args.no_hint, policy=args.policy)
     if args.json:
         print(json.dumps(evaluation_to_dict(evaluation), indent=1))

@@ -44,7 +44,15 @@ FORMULATIONS = ("cumulative", "paper")
 OBJECTIVES = ("makespan", "response")
 SEARCHES = ("auto", "set_times", "default")
 DIRECTIONS = ("auto", "forward", "backward")
-SET_TIMES_MAX_TASKS = 64  # measured: see benchmarks/bench_solver.py scaling
+SET_TIMES_MAX_TASKS = 64  # forward search; measured: see benchmarks/bench_solver.py scaling
+# Up to this size the defaults aim at a proof (backward set-times search and
+# lower-bound probing); above it at a good schedule (forward, CP-SAT's
+# portfolio, no probing). Measured on memory-tight instances, 60 s, 2 cores:
+# 80 tasks proven only that way; at 120 tasks gap 7.7% against 10.2%; at 168
+# and 240 tasks 12.3% and 15.9% against 9.5% and 13.4% (no probe settles,
+# and backward search found worse schedules).
+PROOF_MAX_TASKS = 128
+PROBING_SHARE = 2 / 3  # of the time limit, at most, for lower-bound probes
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,18 @@ class SolveOptions:
     # Also hint with the best of several quick list schedules (solver.list_schedule)
     # when it beats the given hint: a better start and upper bound on tight instances.
     list_hints: bool = True
-    # "set_times": one search worker branches on the starts, earliest first
-    # (CP-SAT's "fixed" subsolver) beside the default LP worker. On tight
-    # instances this DFS completes proofs the default portfolio does not
-    # (48 tasks: proven in 30-60 s where the default was not at 60 s), but it
-    # takes a worker from the large-neighbourhood search, which finds better
-    # schedules on larger ones (80 tasks: 292 against 324 in 60 s).
-    # "default": CP-SAT's own portfolio. "auto": set_times up to
-    # SET_TIMES_MAX_TASKS tasks, default above.
+    # "set_times": the model carries a decision strategy (starts, earliest
+    # first; execs first on ties) and CP-SAT's full subsolvers are limited to
+    # default_lp and fixed. On 2 workers CP-SAT runs one of them, default_lp,
+    # whose integer branching then follows the strategy, beside its
+    # first-solution and interleaved neighbourhood searches (CP-SAT's log).
+    # On tight instances this completes proofs the default portfolio does
+    # not (48 tasks, forward: proven in 30-60 s where the default was not at
+    # 60 s). Forward, it found worse schedules than the default portfolio
+    # above SET_TIMES_MAX_TASKS tasks (80 tasks: 324 against 292 in 60 s);
+    # backward it was as good or better at 80-168 tasks, within 1% at 240.
+    # "default": CP-SAT's own portfolio. "auto": set_times when searching
+    # backwards, and forwards up to SET_TIMES_MAX_TASKS tasks.
     search: str = "auto"  # one of SEARCHES
     # "backward": solve the instance's mirror (solver.instance.mirrored: time
     # running backwards) and read its schedule backwards, so the search
@@ -77,9 +89,13 @@ class SolveOptions:
     # the other worker idle), and set-times search from the end settles it
     # first (measured: 48 tasks proven in ~5 s instead of 22-42 s, 80 tasks
     # proven in 60 s where forward never was; benchmarks/bench_solver.py).
-    # "auto": backward for the makespan objective when the mirror exists
-    # (one common release, single-until locks), forward otherwise.
+    # "auto": backward for the makespan objective on up to PROOF_MAX_TASKS
+    # tasks when the mirror exists (one common release, single-until locks),
+    # forward otherwise.
     direction: str = "auto"  # one of DIRECTIONS
+    # Makespan objective, up to PROOF_MAX_TASKS tasks: lower-bound probing
+    # before minimising (see _probe_then_minimise).
+    probe: bool = True
     log_search: bool = False
 
 
@@ -105,6 +121,7 @@ class SolveResult:
     # list schedule): the upper bound before search. None without a hint.
     hint_objective: int | None = None
     direction: str = "forward"  # the direction the (last) model was solved in
+    probes: int = 0  # lower-bound probes run before (or instead of) minimising
 
     @property
     def proven(self) -> bool:
@@ -375,8 +392,25 @@ class _Built:
     objective_offset: int
 
 
+def static_lower_bound(instance: Instance) -> int:
+    """The makespan no schedule can beat, from work and paths alone.
+
+    The work bound ceil(work / workers); for each release r, r plus the work
+    released at or after r shared by the workers; the longest chain of
+    precedences from a release.
+    """
+    graph = instance.graph
+    head, tail = _heads_and_tails(graph)
+    bound = max((head[t] + tail[t] for t in head), default=0)
+    for release in {task.release_us for task in graph.tasks}:
+        late_work = sum(t.duration_us for t in graph.tasks if t.release_us >= release)
+        bound = max(bound, release + math.ceil(late_work / instance.workers))
+    return bound
+
+
 def _build(instance: Instance, options: SolveOptions,
-           hint: dict[str, ScheduledTask] | None, end_by: int | None = None) -> _Built:
+           hint: dict[str, ScheduledTask] | None, end_by: int | None = None,
+           at_least: int = 0, set_times: bool = False) -> _Built:
     # --- data
     graph = instance.graph
     tasks: tuple[Task, ...] = graph.tasks
@@ -489,11 +523,10 @@ def _build(instance: Instance, options: SolveOptions,
         model.add(makespan_var >= starts[task.task_id] + duration[task.task_id])
     model.add(makespan_var >= math.ceil(total_work / workers))
 
+    if at_least:
+        model.add(makespan_var >= at_least)
     if options.redundant:
-        # Work released at or after r cannot finish before r + its share per worker.
-        for release in sorted({task.release_us for task in tasks} - {0}):
-            late_work = sum(duration[t.task_id] for t in tasks if t.release_us >= release)
-            model.add(makespan_var >= release + math.ceil(late_work / workers))
+        model.add(makespan_var >= static_lower_bound(instance))
         # Tasks that can never overlap (memory or precedence): disjunctions.
         for clique in conflict_cliques(graph, instance.memory, limit=len(tasks)):
             model.add_no_overlap([intervals[t] for t in clique])
@@ -503,7 +536,7 @@ def _build(instance: Instance, options: SolveOptions,
             model.add(sum(m * size for m, size in lock_sizes) + energy
                       <= instance.memory * makespan_var)
 
-    if _set_times(options, len(tasks)):
+    if set_times:
         # Ties (equal earliest starts): execs first, as the masa policy does
         # (they free memory), then instance order. Measured on a 48-task
         # tight instance: proven at ~10 dtime; instance order alone was not
@@ -564,43 +597,137 @@ def _build(instance: Instance, options: SolveOptions,
                   objective_offset=offset)
 
 
-def _backward(options: SolveOptions) -> bool:
+def _backward(options: SolveOptions, num_tasks: int) -> bool:
     """Whether to solve the mirror (when it exists): reading a schedule
     backwards keeps its makespan, not its jobs' response times."""
     return options.direction == "backward" or (
-        options.direction == "auto" and options.objective == "makespan")
+        options.direction == "auto" and options.objective == "makespan"
+        and num_tasks <= PROOF_MAX_TASKS)
 
 
-def _set_times(options: SolveOptions, num_tasks: int) -> bool:
-    return options.search == "set_times" or (
-        options.search == "auto" and num_tasks <= SET_TIMES_MAX_TASKS)
+def _set_times(options: SolveOptions, num_tasks: int, backward: bool) -> bool:
+    """Set-times search: asked for, or `auto` and either searching backwards
+    (measured at 48-240 tasks: as good as CP-SAT's default portfolio or
+    better) or forwards on up to SET_TIMES_MAX_TASKS tasks."""
+    if options.search != "auto":
+        return options.search == "set_times"
+    return backward or num_tasks <= SET_TIMES_MAX_TASKS
 
 
 def _solve_one(instance: Instance, options: SolveOptions,
                hint: dict[str, ScheduledTask] | None, end_by: int | None = None
                ) -> SolveResult:
-    """One CP-SAT solve; with `end_by`, only a schedule ending by then is sought."""
+    """One instance (or segment): the best hint, then probes from below when
+    minimising the makespan, else one CP-SAT solve; with `end_by`, only a
+    schedule ending by then is sought."""
     if options.list_hints:
         hint = _better_hint(instance, options, hint)
-    mirror = mirrored(instance) if _backward(options) else None
+    if (end_by is None and options.objective == "makespan" and options.probe
+            and instance.num_tasks <= PROOF_MAX_TASKS):
+        return _probe_then_minimise(instance, options, hint)
+    return _cp_sat(instance, options, hint, end_by)
+
+
+def _probe_then_minimise(instance: Instance, options: SolveOptions,
+                         hint: dict[str, ScheduledTask] | None) -> SolveResult:
+    """Lower-bound probing: ask CP-SAT for any schedule ending by T, for T =
+    `static_lower_bound`, T + 1, ...; then minimise with the time left.
+
+    A probe proven infeasible raises the bound to T + 1; a probe that finds a
+    schedule has found an optimal one (every shorter makespan was refuted).
+    Probing gets PROBING_SHARE of the time limit; a probe that runs out of it
+    ends the probing, and CP-SAT minimises with the time left, from the best
+    schedule as hint and with the proven bound as a constraint (on large
+    instances the first probe is rarely settled, and a schedule found by
+    minimising is then all the run yields).
+
+    Why: with the deadline a hard constraint every start has a tight window,
+    and CP-SAT refutes a makespan just below the optimum, or finds a schedule
+    at it, much faster than minimising from a loose upper bound, which
+    searches among far worse schedules first. Measured on an 80-task
+    memory-tight instance (backward set-times search, 2 workers): makespan
+    293-297 refuted in 1-5 s each, a schedule of the optimum 298 found in
+    10-23 s over five seeds, where minimising proved 298 only after 99 s.
+    Probing one unit at a time, not bisecting: a deadline above the optimum
+    leaves slack and was no faster to satisfy (299: 18 s, or not in 28 s).
+    """
+    lower = static_lower_bound(instance)
+    best = hint
+    hint_value = best_value = None if hint is None else schedule_makespan(list(hint.values()))
+    spent_s = spent_dtime = 0.0
+    probes = 0
+    direction = "backward" if _backward(options, instance.num_tasks) and mirrored(
+        instance) else "forward"
+    if best is None:
+        # Refuting every deadline would never tell an infeasible instance:
+        # first any schedule at all (within the horizon: work after the
+        # last release).
+        horizon = max((t.release_us for t in instance.graph.tasks), default=0) + sum(
+            t.duration_us for t in instance.graph.tasks)
+        first = _cp_sat(instance, replace(options, time_limit_s=options.time_limit_s
+                                          * PROBING_SHARE), None, end_by=horizon)
+        spent_s, spent_dtime, probes = first.solve_time_s, first.deterministic_time, 1
+        if first.status == "INFEASIBLE":
+            return replace(first, bound=None, probes=1)
+        if first.schedule:
+            best = {item.task_id: item for item in first.schedule}
+            best_value = first.makespan_us
+    probing_s = options.time_limit_s * PROBING_SHARE
+    while (best_value is None or lower < best_value) and spent_s < probing_s:
+        probe = _cp_sat(instance, replace(options, time_limit_s=probing_s - spent_s), None,
+                        end_by=lower)
+        probes += 1
+        spent_s += probe.solve_time_s
+        spent_dtime += probe.deterministic_time
+        if probe.status == "INFEASIBLE":
+            lower += 1
+        elif probe.schedule:
+            best = {item.task_id: item for item in probe.schedule}
+            best_value = probe.makespan_us
+        else:
+            break  # out of its share of the time: minimise with the rest
+    if best is not None and lower >= best_value:
+        schedule = tuple(sorted(best.values(),
+                                key=lambda item: (item.start_us, item.worker, item.task_id)))
+        result = SolveResult(
+            status="OPTIMAL", objective="makespan", formulation=options.formulation,
+            makespan_us=best_value, response_sum_us=response_sum(instance.graph, schedule),
+            objective_value=best_value, bound=best_value, solve_time_s=0.0,
+            schedule=schedule, direction=direction)
+    else:
+        rest = replace(options, time_limit_s=max(0.05, options.time_limit_s - spent_s))
+        result = _cp_sat(instance, rest, best, at_least=lower)
+    return replace(result, solve_time_s=result.solve_time_s + spent_s,
+                   deterministic_time=result.deterministic_time + spent_dtime,
+                   hint_used=hint is not None, probes=probes, hint_objective=hint_value)
+
+
+def _cp_sat(instance: Instance, options: SolveOptions,
+            hint: dict[str, ScheduledTask] | None, end_by: int | None = None,
+            at_least: int = 0) -> SolveResult:
+    """One CP-SAT solve (of the mirror, when searching backwards); with
+    `end_by`, only a schedule ending by then is sought; `at_least`: a proven
+    lower bound on the makespan."""
+    mirror = mirrored(instance) if _backward(options, instance.num_tasks) else None
     release = instance.graph.tasks[0].release_us if instance.graph.tasks else 0
+    set_times = _set_times(options, instance.num_tasks, backward=mirror is not None)
     if mirror is None:
-        built = _build(instance, options, hint, end_by)
+        built = _build(instance, options, hint, end_by, at_least, set_times)
     else:  # the mirror starts at 0 where the instance starts at `release`
         mirror_hint = None if hint is None else {
             item.task_id: item for item in mirror_schedule(
                 hint.values(), max(item.end_us for item in hint.values()))}
         built = _build(mirror, options, mirror_hint,
-                       None if end_by is None else end_by - release)
+                       None if end_by is None else end_by - release,
+                       max(0, at_least - release), set_times)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, options.time_limit_s)
     solver.parameters.num_search_workers = max(1, options.search_workers)
     solver.parameters.random_seed = options.seed
     solver.parameters.log_search_progress = options.log_search
-    if _set_times(options, instance.num_tasks) and options.search_workers >= 2:
-        # The default LP worker proves bounds; the fixed-strategy worker
-        # follows the decision strategy above; any further workers keep the
-        # default portfolio's large-neighbourhood search.
+    if set_times and options.search_workers >= 2:
+        # See SolveOptions.search: on 2 workers only default_lp runs as a full
+        # subsolver, following the decision strategy.
         solver.parameters.subsolvers.extend(["default_lp", "fixed"])
     if options.redundant:
         # Stronger cumulative reasoning: the memory cumulative is where tight
