@@ -6,14 +6,17 @@ Sections (run all, or name some on the command line):
 - random: 50 seeded random instances of 16-48 tasks at three memory
   tightnesses: heuristic/optimal ratio, median and worst, and the worst case.
 - scaling: memory-tight instances of growing size, 60 s each: proven or gap;
-  the plain model (no symmetry breaking, redundant constraints, cumulative
-  flags) alongside at the sizes where it matters.
+  the solver without backward search and probing, and the plain model (no
+  symmetry breaking, redundant constraints, cumulative flags), alongside at
+  the sizes where it matters.
+- proofs: fifteen 80-task memory-tight instances of two shapes, 60 s each:
+  how many are proven optimal.
 
 Prints its figures and writes docs/bench-solver.md plus PNG plots. Timings
 were taken on a 2-core machine shared with other jobs: solve times are upper
 bounds of what the solver needs alone.
 
-    python benchmarks/bench_solver.py [fig13a] [random] [scaling] [--quick]
+    python benchmarks/bench_solver.py [fig13a] [random] [scaling] [proofs] [--quick]
     python benchmarks/bench_solver.py report   # Markdown from bench-solver.json only
 """
 
@@ -158,36 +161,60 @@ def _scaling_specs(quick: bool) -> list[tuple[str, RandomSpec, tuple[str, ...]]]
     return specs
 
 
-# The models compared: `full` = everything (list-schedule hints, set-times
-# search, redundant constraints, symmetry breaking, decomposition); `default`
-# = the same model with CP-SAT's default portfolio (what set-times search
-# adds); `plain` = the heuristic's (or a serial) hint and nothing else.
-SCALING_MODELS = ("full", "default", "plain")
+# The models compared: `full` = the defaults (backward set-times search and
+# lower-bound probing up to PROOF_MAX_TASKS tasks, list-schedule hints,
+# redundant constraints, symmetry breaking, decomposition); `forward` = the
+# same without backward search and probing (the solver before them);
+# `plain` = the heuristic's (or a serial) hint and nothing else.
+SCALING_MODELS = ("full", "forward", "plain")
 _MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
     "full": {},
-    "default": {"search": "default"},
+    "forward": {"direction": "forward", "probe": False},
     "plain": {"symmetry_breaking": False, "redundant": False, "decompose": False,
-              "list_hints": False, "search": "default"},
+              "list_hints": False, "search": "default", "direction": "forward",
+              "probe": False},
 }
 
 
+def _scaling_row(section: str, family: str, spec: RandomSpec, model: str,
+                 time_limit_s: float) -> dict[str, Any]:
+    instance = random_instance(spec)
+    work = sum(t.duration_us for t in instance.graph.tasks)
+    evaluation = _evaluate(instance, time_limit_s, **_MODEL_OVERRIDES[model])
+    row = _row(evaluation) | {
+        "model": model, "seed": spec.seed, "family": family,
+        "shape": f"{spec.networks}x{spec.layers}",
+        "work_bound": -(-work // instance.workers),
+        "start_ub": evaluation.result.hint_objective,
+        "hint_source": evaluation.hint_source, "probes": evaluation.result.probes,
+        "direction": evaluation.result.direction}
+    print(f"{section} {family} {model} {instance.name} ({row['tasks']} tasks): "
+          f"{row['status']} best={row['best']} bound={row['bound']} "
+          f"start_ub={row['start_ub']} gap={row['gap']} {row['time_s']} s "
+          f"probes={row['probes']} dtime={row['dtime']} load={row['load']}", flush=True)
+    return row
+
+
 def bench_scaling(quick: bool) -> dict[str, Any]:
+    return {"rows": [_scaling_row("scaling", family, spec, model, 10.0 if quick else 60.0)
+                     for family, spec, models in _scaling_specs(quick) for model in models]}
+
+
+# 80-task memory-tight instances (the issue's target size) of two shapes:
+# four 10-layer networks and eight 5-layer ones, ten and five seeds.
+PROOF_SHAPES = ((4, 10, range(1, 11)), (8, 5, range(1, 6)))
+PROOF_FORWARD_SEEDS = 3  # the solver before backward search and probing, for comparison
+
+
+def bench_proofs(quick: bool) -> dict[str, Any]:
     rows = []
-    for family, spec, models in _scaling_specs(quick):
-        instance = random_instance(spec)
-        work = sum(t.duration_us for t in instance.graph.tasks)
-        for model in models:
-            evaluation = _evaluate(instance, 10.0 if quick else 60.0, **_MODEL_OVERRIDES[model])
-            row = _row(evaluation) | {
-                "model": model, "seed": spec.seed, "family": family,
-                "work_bound": -(-work // instance.workers),
-                "start_ub": evaluation.result.hint_objective,
-                "hint_source": evaluation.hint_source}
-            rows.append(row)
-            print(f"scaling {family} {model} {instance.name} ({row['tasks']} tasks): "
-                  f"{row['status']} best={row['best']} bound={row['bound']} "
-                  f"start_ub={row['start_ub']} gap={row['gap']} {row['time_s']} s "
-                  f"dtime={row['dtime']} load={row['load']}", flush=True)
+    for networks, layers, seeds in PROOF_SHAPES:
+        for seed in list(seeds)[:2] if quick else seeds:
+            spec = RandomSpec(networks=networks, layers=layers, seed=seed, tightness=1.2)
+            models = ("full", "forward") if (networks, layers) == (4, 10) and \
+                seed <= PROOF_FORWARD_SEEDS else ("full",)
+            rows += [_scaling_row("proofs", "distinct", spec, model, 10.0 if quick else 60.0)
+                     for model in models]
     return {"rows": rows}
 
 
@@ -289,14 +316,16 @@ def _random_md(data: dict[str, Any]) -> list[str]:
 
 def _scaling_md(data: dict[str, Any]) -> list[str]:
     lines = ["## Memory-tight instances (tightness 1.2) of growing size, 60 s limit", "",
-             "`full` = this solver: list-schedule hints (solver/list_schedule.py: serial "
-             "schedule generation with several priority rules and forward-backward "
-             "improvement, the best one checked by masa.checker), set-times search (one "
-             "worker branches on the earliest start, the other runs CP-SAT's default LP "
-             "search), symmetry breaking, conflict-clique no-overlaps, energy and release "
-             "bounds, stronger cumulative propagation, decomposition by release time; "
-             "`default` = the same model with CP-SAT's default 2-worker portfolio; "
-             "`plain` = the heuristic's (or a serial) hint and none of the rest.", "",
+             "`full` = this solver with its defaults: list-schedule hints "
+             "(solver/list_schedule.py: serial schedule generation with several priority "
+             "rules and forward-backward improvement, the best one checked by "
+             "masa.checker), symmetry breaking, conflict-clique no-overlaps, energy and "
+             "release bounds, stronger cumulative propagation, decomposition by release "
+             "time, and up to 128 tasks (solver.model.PROOF_MAX_TASKS) backward set-times "
+             "search and lower-bound probing; `forward` = the same without backward search "
+             "and probing (set-times search forward up to 64 tasks, CP-SAT's default "
+             "portfolio above: the solver before them); `plain` = the heuristic's (or a "
+             "serial) hint and none of the rest.", "",
              "Families: `distinct` = different random networks, all released at 0; "
              "`identical` = copies of one network (symmetry breaking applies); "
              "`arrivals` = one network per job, jobs released at ~80% load "
@@ -321,6 +350,41 @@ def _scaling_md(data: dict[str, Any]) -> list[str]:
                   and r["status"] == "OPTIMAL" and r.get("family", "distinct") == family]
         lines.append(f"- largest `{family}` instance proven optimal within 60 s: "
                      f"{max(proven) if proven else 'none'} tasks")
+    lines.append("")
+    return lines
+
+
+def _proofs_md(data: dict[str, Any]) -> list[str]:
+    rows = data["rows"]
+    lines = ["## 80-task memory-tight instances: proven within 60 s?", "",
+             "Tightness 1.2, 2 workers, loads ~ execs, all released at 0; four "
+             "10-layer networks (seeds 1-10) and eight 5-layer ones (seeds 1-5). "
+             "`full` = the defaults, `forward` = without backward search and probing "
+             "(as in the `scaling` table); `probes` = CP-SAT feasibility solves "
+             "(deadlines from the static bound up) before any minimising.", "",
+             "| shape | seed | model | status | work | start | best | bound | gap | solve s "
+             "| probes | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['shape']} | {row['seed']} | {row['model']} | {row['status']} | "
+                     f"{_fmt(row['work_bound'])} | {_fmt(row['start_ub'])} | "
+                     f"{_fmt(row['best'])} | {_fmt(row['bound'])} | "
+                     f"{_fmt(row['gap'] * 100 if row['gap'] is not None else None, 1)}% | "
+                     f"{row['time_s']} | {row['probes']} | {row['load']} |")
+    lines.append("")
+    for shape in dict.fromkeys(row["shape"] for row in rows):
+        for model in SCALING_MODELS:
+            subset = [r for r in rows if r["shape"] == shape and r["model"] == model]
+            if not subset:
+                continue
+            proven = [r for r in subset if r["status"] == "OPTIMAL"]
+            times = sorted(r["time_s"] for r in proven)
+            above = sum(1 for r in proven if r["best"] > r["work_bound"])
+            lines.append(
+                f"- {shape}, `{model}`: {len(proven)} of {len(subset)} proven optimal "
+                + (f"(solve {times[0]}-{times[-1]} s, median "
+                   f"{statistics.median(times):.1f} s; {above} of them above the work bound)"
+                   if proven else "") + ".")
     lines.append("")
     return lines
 
@@ -359,6 +423,8 @@ def write_report(results: dict[str, Any]) -> None:
         lines += _random_md(results["random"])
     if "scaling" in results:
         lines += _scaling_md(results["scaling"])
+    if "proofs" in results:
+        lines += _proofs_md(results["proofs"])
     lines += DISCUSSION
     atomic_write_text(DOCS / "bench-solver.md", "\n".join(lines) + "\n")
 
@@ -467,7 +533,8 @@ DISCUSSION: list[str] = [
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
-    sections = [a for a in argv if not a.startswith("--")] or ["fig13a", "random", "scaling"]
+    sections = [a for a in argv if not a.startswith("--")] or [
+        "fig13a", "random", "scaling", "proofs"]
     results: dict[str, Any] = {}
     if RESULTS.exists():
         results = json.loads(RESULTS.read_text())
@@ -476,7 +543,7 @@ def main(argv: list[str]) -> int:
         return 0
     for name in sections:
         results[name] = {"fig13a": bench_fig13a, "random": bench_random,
-                         "scaling": bench_scaling}[name](quick)
+                         "scaling": bench_scaling, "proofs": bench_proofs}[name](quick)
         atomic_write_text(RESULTS, json.dumps(results, indent=1) + "\n")
         if name == "random":
             _worst_gantts(results[name])
