@@ -224,6 +224,8 @@ def evaluation_to_dict(evaluation: Evaluation, *, with_schedule: bool = True) ->
         "solve_time_s": round(result.solve_time_s, 3),
         "deterministic_time": round(result.deterministic_time, 3),
         "segments": result.segments,
+        "direction": result.direction,
+        "probes": result.probes,
         "hint_used": result.hint_used,
         "hint_source": evaluation.hint_source,
         "heuristic_over_commits": list(evaluation.heuristic_over_commits),
@@ -245,6 +247,7 @@ def format_evaluation(evaluation: Evaluation) -> str:
              f"memory {raw['memory']} {raw['memory_unit']})",
              f"status: {result.status} ({result.formulation}, objective {result.objective}, "
              f"{result.solve_time_s:.2f} s, {result.segments} segment(s), "
+             f"{result.direction}, {result.probes} probe(s), "
              f"hint {evaluation.hint_source or 'none'})"]
     what = "makespan" if result.objective == "makespan" else "response_sum"
     if result.proven:

@@ -318,14 +318,13 @@ def schedule_end(schedule: Sequence[ScheduledTask]) -> int:
 
 
 def _as_schedule(instance: Instance, starts: dict[str, int]) -> tuple[ScheduledTask, ...]:
-    from solver.model import assign_workers  # noqa: PLC0415 (model imports this module)
+    from solver.model import assign_workers, in_start_order  # noqa: PLC0415 (model imports this module)
 
     duration = {t.task_id: t.duration_us for t in instance.graph.tasks}
     worker = assign_workers(((t, s, s + duration[t]) for t, s in starts.items()),
                             instance.workers)
-    return tuple(sorted((ScheduledTask(t, worker[t], s, s + duration[t])
-                         for t, s in starts.items()),
-                        key=lambda item: (item.start_us, item.worker, item.task_id)))
+    return in_start_order(ScheduledTask(t, worker[t], s, s + duration[t])
+                          for t, s in starts.items())
 
 
 def _forward_backward(instance: Instance, reverse: Instance,

@@ -17,6 +17,11 @@ Always: a time limit, a search-worker count, a seed, an optional feasible hint
 bound makespan >= ceil(work / workers). The result's status (OPTIMAL,
 FEASIBLE, INFEASIBLE, UNKNOWN) is data, never an exception.
 
+How it searches, on memory-tight instances (measured in docs/bench-solver.md):
+backwards (the time-reversed mirror, read back), because their idle time
+sits at the end of the schedule; and, for the makespan, by lower-bound
+probes (deadlines from the static bound up) before minimising.
+
 No threads, clocks or I/O here beyond CP-SAT's own search workers; solve times
 are CP-SAT's reported wall times.
 """
@@ -190,6 +195,11 @@ def serial_schedule(graph: TaskGraph) -> tuple[ScheduledTask, ...]:
             if waiting[child] == 0:
                 heapq.heappush(ready, (graph.by_id[child].order, position[child], child))
     return tuple(schedule)
+
+
+def in_start_order(schedule: Iterable[ScheduledTask]) -> tuple[ScheduledTask, ...]:
+    """A schedule as the solver reports it: by start, then worker, then task."""
+    return tuple(sorted(schedule, key=lambda item: (item.start_us, item.worker, item.task_id)))
 
 
 def schedule_makespan(schedule: Sequence[ScheduledTask]) -> int:
@@ -607,8 +617,7 @@ def _backward(options: SolveOptions, num_tasks: int) -> bool:
 
 def _set_times(options: SolveOptions, num_tasks: int, backward: bool) -> bool:
     """Set-times search: asked for, or `auto` and either searching backwards
-    (measured at 48-240 tasks: as good as CP-SAT's default portfolio or
-    better) or forwards on up to SET_TIMES_MAX_TASKS tasks."""
+    or forwards on up to SET_TIMES_MAX_TASKS tasks (see SolveOptions.search)."""
     if options.search != "auto":
         return options.search == "set_times"
     return backward or num_tasks <= SET_TIMES_MAX_TASKS
@@ -668,7 +677,7 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
                                           * PROBING_SHARE), None, end_by=horizon)
         spent_s, spent_dtime, probes = first.solve_time_s, first.deterministic_time, 1
         if first.status == "INFEASIBLE":
-            return replace(first, bound=None, probes=1)
+            return replace(first, probes=1)
         if first.schedule:
             best = {item.task_id: item for item in first.schedule}
             best_value = first.makespan_us
@@ -687,8 +696,7 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
         else:
             break  # out of its share of the time: minimise with the rest
     if best is not None and lower >= best_value:
-        schedule = tuple(sorted(best.values(),
-                                key=lambda item: (item.start_us, item.worker, item.task_id)))
+        schedule = in_start_order(best.values())
         result = SolveResult(
             status="OPTIMAL", objective="makespan", formulation=options.formulation,
             makespan_us=best_value, response_sum_us=response_sum(instance.graph, schedule),
@@ -756,9 +764,8 @@ def _cp_sat(instance: Instance, options: SolveOptions,
         else:
             worker = assign_workers(((tid, starts[tid], ends[tid]) for tid in starts),
                                     instance.workers)
-        schedule = tuple(sorted(
-            (ScheduledTask(tid, worker[tid], starts[tid], ends[tid]) for tid in starts),
-            key=lambda item: (item.start_us, item.worker, item.task_id)))
+        schedule = in_start_order(
+            ScheduledTask(tid, worker[tid], starts[tid], ends[tid]) for tid in starts)
         makespan = schedule_makespan(schedule)
         responses = response_sum(graph, schedule)
         objective_value = makespan if options.objective == "makespan" else responses
@@ -778,8 +785,7 @@ def _cp_sat(instance: Instance, options: SolveOptions,
         elif hint is not None:
             # Time ran out before CP-SAT found anything: the hint is a checked
             # feasible schedule, so report it rather than nothing.
-            schedule = tuple(sorted(hint.values(),
-                                    key=lambda item: (item.start_us, item.worker, item.task_id)))
+            schedule = in_start_order(hint.values())
             makespan = schedule_makespan(schedule)
             responses = response_sum(graph, schedule)
             objective_value = makespan if options.objective == "makespan" else responses
@@ -946,6 +952,7 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
              hint_used: bool, complete: bool) -> SolveResult:
     solve_time_s = sum(r.solve_time_s for r in results)
     deterministic_time = sum(r.deterministic_time for r in results)
+    probes = sum(r.probes for r in results)
     last = results[-1]
     if last.status in ("INFEASIBLE", "UNKNOWN") or not complete:
         bound = None
@@ -956,9 +963,9 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
                            formulation=options.formulation, makespan_us=None,
                            response_sum_us=None, objective_value=None, bound=bound,
                            solve_time_s=solve_time_s, segments=len(results),
-                           hint_used=hint_used, deterministic_time=deterministic_time)
-    schedule = tuple(sorted((item for r in results for item in r.schedule),
-                            key=lambda item: (item.start_us, item.worker, item.task_id)))
+                           hint_used=hint_used, deterministic_time=deterministic_time,
+                           direction=last.direction, probes=probes)
+    schedule = in_start_order(item for r in results for item in r.schedule)
     makespan = schedule_makespan(schedule)
     responses = response_sum(instance.graph, schedule)
     if options.objective == "makespan":
@@ -974,4 +981,5 @@ def _combine(instance: Instance, options: SolveOptions, results: list[SolveResul
                        formulation=options.formulation, makespan_us=makespan,
                        response_sum_us=responses, objective_value=value, bound=bound,
                        solve_time_s=solve_time_s, schedule=schedule, segments=len(results),
-                       hint_used=hint_used, deterministic_time=deterministic_time)
+                       hint_used=hint_used, deterministic_time=deterministic_time,
+                       direction=last.direction, probes=probes)

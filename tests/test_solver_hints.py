@@ -157,4 +157,8 @@ def test_masa_optimal_search_flag(capsys: pytest.CaptureFixture[str]) -> None:
         out = json.loads(capsys.readouterr().out)
         assert out["status"] == "OPTIMAL" and out["solver_check"] == []
         makespans.append(out["optimal_makespan"])
+        forward = "--plain" in extra or "forward" in extra
+        assert out["direction"] == ("forward" if forward else "backward"), extra
+        if "--plain" in extra:
+            assert out["probes"] == 0
     assert len(set(makespans)) == 1
