@@ -42,6 +42,7 @@ from solver.model import (
     DIRECTIONS,
     FORMULATIONS,
     OBJECTIVES,
+    PROOF_MAX_TASKS,
     SEARCHES,
     SET_TIMES_MAX_TASKS,
     SolveOptions,
@@ -457,8 +458,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direction", choices=DIRECTIONS, default="auto",
                         help="forward, backward (solve the time-reversed instance, so the "
                              "search starts from the end of the schedule) or auto (default: "
-                             "backward for the makespan objective when the instance has one "
-                             "common release)")
+                             "backward for the makespan objective on up to "
+                             f"{PROOF_MAX_TASKS} tasks when the instance has one common "
+                             "release)")
     parser.add_argument("--no-probe", action="store_true",
                         help="minimise the makespan directly (by default, schedules ending "
                              "by the lower bound, then by one more, ... are asked for first)")

@@ -318,7 +318,8 @@ def schedule_end(schedule: Sequence[ScheduledTask]) -> int:
 
 
 def _as_schedule(instance: Instance, starts: dict[str, int]) -> tuple[ScheduledTask, ...]:
-    from solver.model import assign_workers, in_start_order  # noqa: PLC0415 (model imports this module)
+    # model imports this module, hence here
+    from solver.model import assign_workers, in_start_order  # noqa: PLC0415
 
     duration = {t.task_id: t.duration_us for t in instance.graph.tasks}
     worker = assign_workers(((t, s, s + duration[t]) for t, s in starts.items()),

@@ -631,14 +631,17 @@ def _solve_one(instance: Instance, options: SolveOptions,
     schedule ending by then is sought."""
     if options.list_hints:
         hint = _better_hint(instance, options, hint)
+    # Built once for every CP-SAT solve below (it costs a transitive closure).
+    mirror = mirrored(instance) if _backward(options, instance.num_tasks) else None
     if (end_by is None and options.objective == "makespan" and options.probe
             and instance.num_tasks <= PROOF_MAX_TASKS):
-        return _probe_then_minimise(instance, options, hint)
-    return _cp_sat(instance, options, hint, end_by)
+        return _probe_then_minimise(instance, options, hint, mirror)
+    return _cp_sat(instance, options, hint, mirror, end_by)
 
 
 def _probe_then_minimise(instance: Instance, options: SolveOptions,
-                         hint: dict[str, ScheduledTask] | None) -> SolveResult:
+                         hint: dict[str, ScheduledTask] | None,
+                         mirror: Instance | None) -> SolveResult:
     """Lower-bound probing: ask CP-SAT for any schedule ending by T, for T =
     `static_lower_bound`, T + 1, ...; then minimise with the time left.
 
@@ -665,8 +668,7 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
     hint_value = best_value = None if hint is None else schedule_makespan(list(hint.values()))
     spent_s = spent_dtime = 0.0
     probes = 0
-    direction = "backward" if _backward(options, instance.num_tasks) and mirrored(
-        instance) else "forward"
+    direction = "forward" if mirror is None else "backward"
     if best is None:
         # Refuting every deadline would never tell an infeasible instance:
         # first any schedule at all (within the horizon: work after the
@@ -674,7 +676,7 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
         horizon = max((t.release_us for t in instance.graph.tasks), default=0) + sum(
             t.duration_us for t in instance.graph.tasks)
         first = _cp_sat(instance, replace(options, time_limit_s=options.time_limit_s
-                                          * PROBING_SHARE), None, end_by=horizon)
+                                          * PROBING_SHARE), None, mirror, end_by=horizon)
         spent_s, spent_dtime, probes = first.solve_time_s, first.deterministic_time, 1
         if first.status == "INFEASIBLE":
             return replace(first, probes=1)
@@ -684,7 +686,7 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
     probing_s = options.time_limit_s * PROBING_SHARE
     while (best_value is None or lower < best_value) and spent_s < probing_s:
         probe = _cp_sat(instance, replace(options, time_limit_s=probing_s - spent_s), None,
-                        end_by=lower)
+                        mirror, end_by=lower)
         probes += 1
         spent_s += probe.solve_time_s
         spent_dtime += probe.deterministic_time
@@ -704,19 +706,18 @@ def _probe_then_minimise(instance: Instance, options: SolveOptions,
             schedule=schedule, direction=direction)
     else:
         rest = replace(options, time_limit_s=max(0.05, options.time_limit_s - spent_s))
-        result = _cp_sat(instance, rest, best, at_least=lower)
+        result = _cp_sat(instance, rest, best, mirror, at_least=lower)
     return replace(result, solve_time_s=result.solve_time_s + spent_s,
                    deterministic_time=result.deterministic_time + spent_dtime,
                    hint_used=hint is not None, probes=probes, hint_objective=hint_value)
 
 
 def _cp_sat(instance: Instance, options: SolveOptions,
-            hint: dict[str, ScheduledTask] | None, end_by: int | None = None,
-            at_least: int = 0) -> SolveResult:
-    """One CP-SAT solve (of the mirror, when searching backwards); with
-    `end_by`, only a schedule ending by then is sought; `at_least`: a proven
-    lower bound on the makespan."""
-    mirror = mirrored(instance) if _backward(options, instance.num_tasks) else None
+            hint: dict[str, ScheduledTask] | None, mirror: Instance | None,
+            end_by: int | None = None, at_least: int = 0) -> SolveResult:
+    """One CP-SAT solve: of `mirror` (the instance's, when searching
+    backwards) or of the instance; with `end_by`, only a schedule ending by
+    then is sought; `at_least`: a proven lower bound on the makespan."""
     release = instance.graph.tasks[0].release_us if instance.graph.tasks else 0
     set_times = _set_times(options, instance.num_tasks, backward=mirror is not None)
     if mirror is None:
