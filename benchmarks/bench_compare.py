@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from masa.atomic import atomic_write_bytes, atomic_write_text
-from masa.jobs import network_time_us
-from masa.runner import (
+from masa.common.atomic import atomic_write_bytes, atomic_write_text
+from masa.common.units import parse_memory_bytes
+from masa.runtime.runner import (
     PreparedRun,
     RunSettings,
     execute,
@@ -48,7 +48,7 @@ from masa.runner import (
     outcome_report,
     prepare_run,
 )
-from masa.units import parse_memory_bytes
+from masa.sched.jobs import network_time_us
 from workloads.arrivals import US_PER_S, with_rate
 from workloads.schema import JobSpec, Workload, generate_jobs, load_workload, scenario_path
 

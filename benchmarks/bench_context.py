@@ -48,9 +48,9 @@ from bench_compare import (
     warm_page_cache,
 )
 
-from masa.atomic import atomic_write_bytes, atomic_write_text
-from masa.runner import prepare_run
-from masa.units import parse_memory_bytes
+from masa.common.atomic import atomic_write_bytes, atomic_write_text
+from masa.common.units import parse_memory_bytes
+from masa.runtime.runner import prepare_run
 from workloads.schema import scenario_path, with_label_probability
 
 SCENARIOS = ("light", "heavy")

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from masa.atomic import atomic_write_text
-from masa.core import add_tasks, finish, new_state, select
-from masa.policies import MasaPolicy
-from masa.simulator import simulate_graph
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.common.atomic import atomic_write_text
+from masa.runtime.virtual import simulate_graph
+from masa.sched.core import add_tasks, finish, new_state, select
+from masa.sched.policies import MasaPolicy
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 READY_COUNTS = (10, 100, 1000)
 POLICIES = ("masa", "bulk", "deepeye")
@@ -292,7 +292,7 @@ def main() -> None:
         f" on {machine} (2 shared cores; other work was running, so treat the "
         "figures as upper bounds).",
         "",
-        "A decision is one `masa.core.select()` that dispatches one task to the one idle "
+        "A decision is one `masa.sched.core.select()` that dispatches one task to the one idle "
         "worker (policy pick + state transition + ledger reservation); `finish()` of that "
         "task is timed separately. N tasks are ready (half EXEC, half LOAD, seeded random "
         "footprints), topped up as they are consumed. `masa, EXECs do not fit`: every "

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from masa.atomic import atomic_write_text
+from masa.common.atomic import atomic_write_text
 from model_prep.manifest import NetworkManifest, StageProfile
 from model_prep.profile import profile_network
 from workloads.zoo import write_zoo

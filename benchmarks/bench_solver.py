@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from masa.atomic import atomic_write_text
+from masa.common.atomic import atomic_write_text
 from solver.cli import Evaluation, check, evaluate, run_heuristic, write_gantt
 from solver.instance import Instance, RandomSpec, random_instance
 from solver.model import SolveOptions, schedule_makespan
@@ -233,7 +233,7 @@ def _fig13a_md(data: dict[str, Any]) -> list[str]:
              "Random layer costs (seed 1), memory budget 1.5x the largest single need, "
              "load times ~ exec times (load_ratio 1) or Raspberry-Pi-like loads "
              "(load_ratio 4). `masa` = the greedy policy, `masa-plan` = masa's memory "
-             "rules in an order planned by local search (masa.planning); `over` = tasks "
+             "rules in an order planned by local search (masa.runtime.planning); `over` = tasks "
              "masa ran over budget (progress rule).", "",
              "| load ratio | workers | status | optimal | masa | ratio | masa-plan | ratio "
              "| over | solve s |",
@@ -319,7 +319,7 @@ def _scaling_md(data: dict[str, Any]) -> list[str]:
              "`full` = this solver with its defaults: list-schedule hints "
              "(solver/list_schedule.py: serial schedule generation with several priority "
              "rules and forward-backward improvement, the best one checked by "
-             "masa.checker), symmetry breaking, conflict-clique no-overlaps, energy and "
+             "masa.sched.checker), symmetry breaking, conflict-clique no-overlaps, energy and "
              "release bounds, stronger cumulative propagation, decomposition by release "
              "time, and up to 128 tasks (solver.model.PROOF_MAX_TASKS) backward set-times "
              "search and lower-bound probing; `forward` = the same without backward search "
@@ -432,7 +432,7 @@ def write_report(results: dict[str, Any]) -> None:
 DISCUSSION: list[str] = [
     "## Why the greedy heuristic falls short, and what planning buys",
     "",
-    "The random instances carry the LOAD order rule that masa.jobs puts into "
+    "The random instances carry the LOAD order rule that masa.sched.jobs puts into "
     "every real job graph (LOAD(s) starts no earlier than LOAD(s-1)); the solver "
     "ignores it, so the optimum is a bound for every policy. Before the "
     "generator had the rule, `masa` loaded light later stages before the stage "
@@ -453,7 +453,7 @@ DISCUSSION: list[str] = [
     "at medians of 1.13-1.24 on the tight instances (measured while building "
     "masa-plan).",
     "",
-    "`masa-plan` (masa.planning, docs/scheduling.md) keeps masa's memory rules "
+    "`masa-plan` (masa.runtime.planning, docs/scheduling.md) keeps masa's memory rules "
     "but dispatches in a planned order: simulated annealing over dispatch "
     "orders, each decoded by running the policy in the simulator, so the plan is "
     "exactly what runs. It meets the targets on these instances (table above). "
@@ -490,7 +490,7 @@ DISCUSSION: list[str] = [
     "the forward configuration (set-times forward up to 64 tasks, CP-SAT's "
     "portfolio above). List-schedule hints (serial schedule generation with "
     "several priority rules and forward-backward improvement, checked by "
-    "masa.checker) give the starting upper bound (`start`).",
+    "masa.sched.checker) give the starting upper bound (`start`).",
     "",
     "Found on the way: with 2 workers and subsolvers limited to default_lp and "
     "fixed, CP-SAT's log shows one full subsolver, default_lp (plus its "

@@ -5,7 +5,7 @@ For each of the paper's nine networks (workloads/zoo.py, scale 1) this script:
 - splits it with the preparator (`model_prep.split`), timed (the split time
   includes writing the stage files and the manifest, without profiling);
 - runs the whole model and the stage chain with one intra-op thread
-  (`masa.session.create_session`), alternating whole run / chain run so that
+  (`model_prep.session.create_session`), alternating whole run / chain run so that
   load from other processes hits both alike, and reports the ratio
   median(sum of the stage run times of one chain pass) / median(whole run time),
   in wall time (the target: <= 1.05 on every model) and in the calling
@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from masa.atomic import atomic_write_text
-from masa.session import create_session, release_memory, session_options
+from masa.common.atomic import atomic_write_text
 from model_prep.manifest import NetworkManifest, load_manifest
+from model_prep.session import create_session, release_memory, session_options
 from model_prep.split import split_model
 from workloads.zoo import MIB, ZOO_NAMES, ZOO_SPECS, check_names, save_model
 
@@ -336,7 +336,7 @@ variants interleaved; the table gives the median of the repeats' ratios and,
 for the two main CPU-time columns, the lowest-highest repeat in parentheses
 (one full run on this shared machine is not enough to call a 2% difference).
 
-- "ratio": wall time, sessions from `masa.session.create_session` (what the
+- "ratio": wall time, sessions from `model_prep.session.create_session` (what the
   profiler and the executors run).
 - "CPU-time ratio": the same runs measured in the calling thread's CPU time
   (with one intra-op thread ONNX Runtime computes on the calling thread), which

@@ -1,6 +1,6 @@
 """A check of masa-plan on instances it was not tuned on (issue 5).
 
-masa.planning's annealing parameters were chosen on the random instances of
+masa.runtime.planning's annealing parameters were chosen on the random instances of
 benchmarks/bench_solver.py (seeds 1000-1049). This script draws tight
 (tightness 1.2) instances of the same shapes with other seeds, solves them
 (20 s each, as the benchmark) and prints masa-plan's and masa's ratio to the

@@ -2,6 +2,6 @@
 
 import sys
 
-from masa.cli import main
+from masa.cli.main import main
 
 sys.exit(main())

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from masa.atomic import atomic_write_text
-from masa.errors import ErrorCollector, UserError
+from masa.common.atomic import atomic_write_text
+from masa.common.errors import ErrorCollector, UserError
 
 # libyaml's C loader and dumper when present: 4x faster than pure Python on a
 # manifest of a few hundred stages (loading workloads is dominated by this).

@@ -13,7 +13,7 @@ runs (same fused operators, same layout).
 `optimize_for_split`:
 1. applies what the splitter assumes of the model (`--input-shape`; weights an
    IR >= 4 model also lists as graph inputs are weights, not inputs) to a copy;
-2. lets ONNX Runtime optimise it once, with `masa.session.session_options`
+2. lets ONNX Runtime optimise it once, with `model_prep.session.session_options`
    (so at the graph level every stage session later runs at) and
    `optimized_model_filepath`, in a scratch directory;
 3. types every tensor of the result: onnx shape inference first; ONNX
@@ -40,9 +40,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from masa.errors import UserError
-from masa.session import session_options
+from masa.common.errors import UserError
 from model_prep.manifest import OrtOptimization
+from model_prep.session import session_options
 
 # model_prep.split imports this module only inside split_model, so no cycle.
 from model_prep.split import (

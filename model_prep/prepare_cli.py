@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from masa.errors import UserError
-from masa.progress import ProgressBar
-from masa.units import parse_memory_bytes
+from masa.common.errors import UserError
+from masa.common.progress import ProgressBar
+from masa.common.units import parse_memory_bytes
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.split import (
     DEFAULT_MAX_CUT_TENSORS,

@@ -17,7 +17,7 @@ Every memory figure is an increase over the RSS just before the operation,
 measured after `release_memory()` so freed-but-cached heap is not counted.
 
 Peaks are measured two ways at once. The kernel's exact VmHWM, reset through
-/proc/self/clear_refs before each operation (masa.procmem). And a sampling
+/proc/self/clear_refs before each operation (masa.common.procmem). And a sampling
 thread reading the worker's /proc/PID/statm as fast as it can; that thread
 lives in the *supervising* process because ONNX Runtime holds the GIL during
 session creation, so a sampling thread inside the worker would be frozen for
@@ -32,7 +32,7 @@ Isolation: `isolation="recycle"` (default) profiles every stage in one worker,
 dropping the session and trimming the heap between stages; `"process"` starts
 one worker per stage. Both pay the runtime base (imports + a throwaway first
 session) before measuring anything, and both run with glibc's mmap threshold
-pinned (masa.session.pin_malloc_threshold), without which a recycled worker's
+pinned (model_prep.session.pin_malloc_threshold), without which a recycled worker's
 history changed load peaks by up to 1x the weights; docs/profiling.md compares
 the two.
 """
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from masa.errors import UserError
+from masa.common.errors import UserError
 from model_prep.manifest import NetworkManifest, RuntimeBase, StageProfile, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -537,11 +537,11 @@ def _one_line(exc: BaseException) -> str:
 def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[RuntimeBase, bool]:
     import numpy as np
 
-    from masa.procmem import reset_peak, rss_bytes
-    from masa.session import create_session, pin_malloc_threshold, release_memory
+    from masa.common.procmem import reset_peak, rss_bytes
+    from model_prep.session import create_session, pin_malloc_threshold, release_memory
 
     # Pinned before anything is measured, so the first session and every stage
-    # see the same allocator behaviour (masa.session.pin_malloc_threshold).
+    # see the same allocator behaviour (model_prep.session.pin_malloc_threshold).
     pin_malloc_threshold()
     release_memory()
     process_rss = rss_bytes()
@@ -582,8 +582,8 @@ def _random_inputs(inputs: Sequence[TensorSpec], seed: tuple[int, int]) -> dict[
 
 
 def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[str, Any]:
-    from masa.procmem import peak_rss_bytes, reset_peak, rss_bytes
-    from masa.session import create_session, release_memory
+    from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
+    from model_prep.session import create_session, release_memory
 
     def peak_increase(base: int) -> int:
         return max(0, peak_rss_bytes() - base) if kernel_peak else 0

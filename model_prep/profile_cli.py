@@ -13,8 +13,8 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from masa.progress import ProgressBar
-from masa.units import format_bytes
+from masa.common.progress import ProgressBar
+from masa.common.units import format_bytes
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
 

@@ -58,7 +58,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper, shape_inference
 
-from masa.errors import UserError
+from masa.common.errors import UserError
 from model_prep.manifest import (
     MANIFEST_NAME,
     NetworkManifest,
@@ -876,7 +876,7 @@ def split_model(
 
 def stage_summary(manifest: NetworkManifest) -> Iterable[str]:
     """Lines of a human-readable stage table (for `masa prepare` and the demo)."""
-    from masa.units import format_bytes
+    from masa.common.units import format_bytes
 
     yield f"{'stage':<8} {'type':<5} {'weights':>10} {'out':>10}  operators"
     for stage in manifest.stages:

@@ -3,7 +3,7 @@
 This module owns `run_stages` (execute a prepared network stage by stage with
 plain ONNX Runtime, freeing every intermediate tensor after its last consumer)
 and `verify_network` (the `masa prepare --verify` check). Both create sessions
-through masa.session so they run exactly what the scheduler will run.
+through model_prep.session so they run exactly what the scheduler will run.
 
 The pass criterion, per model output: max |stages - whole| <= 1e-5 * max |whole|
 (exact equality for outputs that are not floating point, and identical NaN
@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 from onnx import external_data_helper
 
-from masa.errors import UserError
-from masa.session import create_session, release_memory
+from masa.common.errors import UserError
 from model_prep.manifest import NetworkManifest, TensorSpec
+from model_prep.session import create_session, release_memory
 from model_prep.split import DEFAULT_EXTERNAL_DATA_BYTES, tensor_bytes_estimate
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from masa.atomic import atomic_save_png
-from masa.errors import UserError
-from masa.taskgraph import ScheduledTask
-from masa.units import parse_memory_bytes
+from masa.common.atomic import atomic_save_png
+from masa.common.errors import UserError
+from masa.common.units import parse_memory_bytes
+from masa.sched.taskgraph import ScheduledTask
 from solver.instance import (
     Instance,
     check_feasible,
@@ -66,7 +66,7 @@ class Evaluation:
     heuristic_problems: tuple[str, ...]  # checker findings beyond those over-commits
     solver_problems: tuple[str, ...]  # checker findings on the solver schedule (expect none)
     checker_available: bool
-    policy: str = "masa"  # the heuristic compared: a masa.policies name
+    policy: str = "masa"  # the heuristic compared: a masa.sched.policies name
 
     @property
     def heuristic_makespan_us(self) -> int | None:
@@ -115,7 +115,7 @@ def run_heuristic(instance: Instance, policy: str = "masa"
     progress rule: run the smallest task when nothing fits and no worker is
     busy), or None when the simulator is unavailable.
     """
-    simulate_graph = _optional("masa.simulator", "simulate_graph")
+    simulate_graph = _optional("masa.runtime.virtual", "simulate_graph")
     if simulate_graph is None:
         return None
     result = simulate_graph(instance.graph, policy=policy, workers=instance.workers,
@@ -126,8 +126,8 @@ def run_heuristic(instance: Instance, policy: str = "masa"
 
 def check(instance: Instance, schedule: Sequence[ScheduledTask],
           allowed_over_commits: Sequence[str] = ()) -> list[str] | None:
-    """masa.checker's findings on a schedule ([] = valid), or None if unavailable."""
-    check_schedule = _optional("masa.checker", "check_schedule")
+    """masa.sched.checker's findings on a schedule ([] = valid), or None if unavailable."""
+    check_schedule = _optional("masa.sched.checker", "check_schedule")
     if check_schedule is None:
         return None
     return list(check_schedule(instance.graph, list(schedule), workers=instance.workers,
@@ -188,7 +188,7 @@ def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
                       hint_source=hint_source, heuristic_over_commits=over_commits,
                       heuristic_problems=tuple(heuristic_problems),
                       solver_problems=tuple(solver_problems or ()),
-                      checker_available=_optional("masa.checker", "check_schedule") is not None,
+                      checker_available=_optional("masa.sched.checker", "check_schedule") is not None,
                       policy=policy)
 
 
@@ -259,7 +259,7 @@ def format_evaluation(evaluation: Evaluation) -> str:
     else:
         lines.append(f"no schedule found (bound {result.bound})")
     if evaluation.heuristic_schedule is None:
-        lines.append("heuristic: unavailable (masa.simulator not installed)")
+        lines.append("heuristic: unavailable (masa.runtime.virtual not installed)")
     else:
         lines.append(f"heuristic_{what}: {evaluation.heuristic_objective} {unit} "
                      f"(policy {evaluation.policy})")
@@ -383,7 +383,7 @@ def _workload_instance(args: argparse.Namespace) -> Instance:
                         "(the prepared networks and their profiles)")
     if args.memory is None or args.workers is None:
         raise UserError(f"{args.instance}: give --workers and --memory for a workload")
-    from masa.jobs import build_workload_graph
+    from masa.sched.jobs import build_workload_graph
     from model_prep.manifest import load_store_network
     from solver.instance import graph_to_instance
     from workloads.schema import generate_jobs, load_workload
@@ -518,7 +518,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from masa.cli import configure_logging, run_handler
+    from masa.cli.main import configure_logging, run_handler
 
     parser = build_parser()
     parser.set_defaults(handler=handle)

@@ -1,13 +1,13 @@
 """Scheduling instances: the JSON format, its validation, and a seeded random generator.
 
-An instance is a `masa.taskgraph.TaskGraph` plus the two resources it is
+An instance is a `masa.sched.taskgraph.TaskGraph` plus the two resources it is
 scheduled on: `workers` identical workers and a `memory` budget. The JSON form
 (docs/instance-format.md) is that graph serialised with integer durations (the
 instance's time unit, microseconds for graphs built from profiles) and integer
 memory (bytes for profiled graphs). This module owns:
 
 - `instance_from_dict` / `load_instance`: validation with every problem and its
-  JSON path (masa.errors.ErrorCollector), raising UserError;
+  JSON path (masa.common.errors.ErrorCollector), raising UserError;
 - `instance_to_dict` / `write_instance`: the reverse, written atomically;
 - `infeasibility_reasons`: structural reasons no schedule can exist (a task or
   lock alone larger than memory, cyclic precedence), reported before solving;
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from masa.atomic import atomic_write_text
-from masa.errors import ErrorCollector, UserError
-from masa.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind, find_cycle
+from masa.common.atomic import atomic_write_text
+from masa.common.errors import ErrorCollector, UserError
+from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind, find_cycle
 
 INSTANCE_KINDS = tuple(kind.value for kind in TaskKind)
 
@@ -302,7 +302,7 @@ def mirrored(instance: Instance) -> Instance | None:
     precedence turns around, and a lock held from start(from) to end(until)
     is held from the mirrored start of `until` to the mirrored end of `from`.
     That needs every lock to have one until-task, its from-task or one
-    descending from it (true of every graph masa.jobs and the random
+    descending from it (true of every graph masa.sched.jobs and the random
     generator build), and one common release (the mirror starts at 0; add it back).
     The heuristic-only start_after rule is dropped, as the solver drops it.
     """
@@ -458,7 +458,7 @@ class RandomSpec:
     identical: bool = False  # every network a copy of the first (symmetric instance)
     release_gap: int = 0  # network i (job i) is released at i * release_gap
     # LOAD(s) starts no earlier than LOAD(s-1) starts: the LOAD order rule that
-    # masa.jobs puts into every real job graph (start_after; the solver ignores
+    # masa.sched.jobs puts into every real job graph (start_after; the solver ignores
     # it, only the heuristic obeys it). Off: loads in any order, as in format 1
     # instances written before the rule existed.
     load_order: bool = True
@@ -528,7 +528,7 @@ def random_instance(spec: RandomSpec) -> Instance:
     unload tasks are on), EXEC (working memory while it runs, lock of its
     output until the next stage's EXEC ends), optional UNLOAD. Precedence:
     LOAD(s) -> EXEC(s), EXEC(s-1) -> EXEC(s), EXEC(s) -> UNLOAD(s); with
-    spec.load_order, start_after LOAD(s-1) -> LOAD(s) as in masa.jobs.
+    spec.load_order, start_after LOAD(s-1) -> LOAD(s) as in masa.sched.jobs.
     """
     rng = np.random.default_rng(spec.seed)
     first = _random_layers(rng, spec.layers, spec.load_ratio)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from masa.taskgraph import ScheduledTask, TaskGraph, TaskKind
+from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
 from solver.instance import Instance, ancestor_sets, mirrored, spanning_locks
 
 _INF = math.inf
@@ -271,7 +271,7 @@ def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = N
     open fill the memory) yields nothing. Workers are numbered by interval
     colouring. Every schedule respects precedence, releases, workers and
     memory by construction; callers that use one as an upper bound should
-    still check it (masa.checker). The `justify` best (by makespan) are then
+    still check it (masa.sched.checker). The `justify` best (by makespan) are then
     improved by forward-backward passes, added as `<rule>+fbi` when better.
     """
     graph = instance.graph

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from masa.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
+from masa.sched.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
 from solver.instance import (
     Instance,
     ancestor_sets,
@@ -475,7 +475,7 @@ def _build(instance: Instance, options: SolveOptions,
             continue
         start = starts[lock.from_task]
         ends = [starts[u] + duration[u] for u in lock.until_tasks]
-        # Held at least until `from` itself ends (masa.checker's rule too);
+        # Held at least until `from` itself ends (masa.sched.checker's rule too);
         # implied when every `until` task descends from `from` (the usual case).
         if not all(lock.from_task in ancestors[u] for u in lock.until_tasks):
             ends.append(start + duration[lock.from_task])
@@ -807,11 +807,11 @@ def _better_hint(instance: Instance, options: SolveOptions,
                  hint: dict[str, ScheduledTask] | None) -> dict[str, ScheduledTask] | None:
     """The given hint or the best list schedule, whichever has the lower objective.
 
-    A list schedule is used only if masa.checker finds nothing wrong with it
+    A list schedule is used only if masa.sched.checker finds nothing wrong with it
     (start_after is a rule of the heuristic only, so it is not checked): its
     objective becomes an upper bound, so it must be truly feasible.
     """
-    from masa.checker import check_schedule  # noqa: PLC0415 (only needed here)
+    from masa.sched.checker import check_schedule  # noqa: PLC0415 (only needed here)
 
     graph = instance.graph
 
@@ -878,7 +878,7 @@ def _subinstance(instance: Instance, task_ids: Sequence[str]) -> Instance:
 def solve_instance(instance: Instance, options: SolveOptions | None = None,
                    hint: Sequence[ScheduledTask] | None = None) -> SolveResult:
     """Solve an instance; `hint` must be a feasible schedule of it (e.g. checked
-    with masa.checker), since its objective is used as an upper bound.
+    with masa.sched.checker), since its objective is used as an upper bound.
 
     With `options.decompose`, tasks are split into release-time segments
     (components of precedence and locks, grouped by release). Segment i is

@@ -1,6 +1,6 @@
 """Small hand-made task graphs for the scheduling tests (core, policies, simulator).
 
-Networks are built the way masa.jobs builds them (LOAD/EXEC per stage, a
+Networks are built the way masa.sched.jobs builds them (LOAD/EXEC per stage, a
 resident lock from LOAD to EXEC, an output lock from EXEC to its consumers, the
 LOAD order rule as start_after), but from plain numbers, with no manifests.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 from solver.instance import Instance
 
 

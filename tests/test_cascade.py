@@ -23,9 +23,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from masa.checker import check_schedule
-from masa.errors import ValidationError
-from masa.runner import RunSettings
+from masa.common.errors import ValidationError
+from masa.runtime.runner import RunSettings
+from masa.sched.checker import check_schedule
 from model_prep.manifest import NetworkManifest, TensorSpec
 from workloads.conditions import resolve_callable
 from workloads.schema import load_workload, network_inputs, should_run

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from masa.checker import check_schedule
-from masa.procmem import rss_bytes
-from masa.runner import RunSettings, execute, prepare_run
-from masa.session import release_memory
+from masa.common.procmem import rss_bytes
+from masa.runtime.runner import RunSettings, execute, prepare_run
+from masa.sched.checker import check_schedule
+from model_prep.session import release_memory
 
 MIB = 2**20
 SETTINGS = RunSettings(policy="masa", workers=2, memory_budget_bytes=16 * MIB)
@@ -152,8 +152,8 @@ class _RecordingControl:
 
 
 def test_preempt_aborts_a_downstream_that_finished_before_the_verdict():
-    from masa.context import ContextController
-    from masa.core import GroupStatus
+    from masa.sched.context import ContextController
+    from masa.sched.core import GroupStatus
 
     controller = ContextController(
         "preempt", {"age": ("face",), "emotion": ("age",)},

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from sched_graphs import chain_network, merge, single
 
-from masa.core import (
+from masa.common.errors import UserError
+from masa.sched.core import (
     TERMINAL,
     TRANSITIONS,
     GroupStatus,
@@ -28,8 +29,7 @@ from masa.core import (
     take_events,
     task_state,
 )
-from masa.errors import UserError
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 
 def test_transition_table_terminal_states_have_no_exit() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from masa.checker import check_schedule
-from masa.cli import main
-from masa.executor import RealExecutor, RealRunConfig
-from masa.jobs import build_workload_graph
-from masa.simulator import simulate_graph
+from masa.cli.main import main
+from masa.runtime.threads import RealExecutor, RealRunConfig
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
+from masa.sched.jobs import build_workload_graph
 from model_prep.manifest import NetworkManifest, load_store_network
 from model_prep.verify import random_feeds, run_stages, run_whole_model
 from workloads.schema import JobSpec
@@ -208,7 +208,7 @@ def test_run_bad_workloads_exit_2_with_path(store, tmp_path, capsys, text, expec
 
 @pytest.mark.parametrize("policy", ["bulk", "deepeye"])
 def test_memory_oblivious_policies_report_their_peak_over_the_budget(manifests, feeds, policy):
-    from masa.report import build_report
+    from masa.report.report import build_report
 
     jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
     budget_bytes = 64 * 1024

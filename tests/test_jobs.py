@@ -1,4 +1,4 @@
-"""Tests for masa.jobs: jobs + manifests -> LOAD/EXEC task graphs with memory locks."""
+"""Tests for masa.sched.jobs: jobs + manifests -> LOAD/EXEC task graphs with memory locks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from masa.errors import UserError
-from masa.jobs import (
+from masa.common.errors import UserError
+from masa.sched.jobs import (
     ESTIMATE_EXEC_BYTES_PER_US,
     ESTIMATE_EXEC_FIXED_US,
     ESTIMATE_LOAD_BYTES_PER_US,
@@ -21,7 +21,7 @@ from masa.jobs import (
     task_id,
     tensor_bytes,
 )
-from masa.taskgraph import TaskKind, validate_graph
+from masa.sched.taskgraph import TaskKind, validate_graph
 from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec
 from workloads.schema import JobSpec, generate_jobs, list_scenarios, load_workload, scenario_path
 
@@ -148,7 +148,7 @@ def test_unprofiled_manifest_uses_documented_estimates_and_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     manifest = _manifest("rough", CHAIN, profiled=False)
-    with caplog.at_level(logging.WARNING, logger="masa.jobs"):
+    with caplog.at_level(logging.WARNING, logger="masa.sched.jobs"):
         graph = build_job_graph(JobSpec(0, 0, ("rough",)), {"rough": manifest}, ["rough"])
     assert any("rough" in record.getMessage() and "estimated" in record.getMessage()
                for record in caplog.records)

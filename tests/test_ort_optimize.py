@@ -22,8 +22,8 @@ import pytest
 import yaml
 from onnx import numpy_helper
 
-from masa.cli import main
-from masa.errors import ValidationError
+from masa.cli.main import main
+from masa.common.errors import ValidationError
 from model_prep.manifest import (
     MANIFEST_NAME,
     OrtOptimization,

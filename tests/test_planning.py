@@ -2,7 +2,7 @@
 
 The plan is decoded by the simulator driving RankedPolicy, so on a batch
 released at once the simulated schedule is the planned one; these tests check
-it against CP-SAT's proven optimum, masa.checker and the greedy `masa`.
+it against CP-SAT's proven optimum, masa.sched.checker and the greedy `masa`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from sched_graphs import chain_network, merge
 
-from masa.checker import check_schedule
-from masa.core import add_tasks, finish, new_state, select
-from masa.planning import PlanningPolicy, RankedPolicy, plan_rank, residual_graph
-from masa.simulator import simulate_graph
-from masa.taskgraph import TaskGraph
+from masa.runtime.planning import PlanningPolicy, RankedPolicy, plan_rank, residual_graph
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
+from masa.sched.core import add_tasks, finish, new_state, select
+from masa.sched.taskgraph import TaskGraph
 from solver.instance import RandomSpec, random_instance
 from solver.model import SolveOptions, solve_instance
 

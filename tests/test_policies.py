@@ -11,8 +11,9 @@ from itertools import permutations
 import pytest
 from sched_graphs import chain_network, merge, single
 
-from masa.checker import check_schedule
-from masa.core import (
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
+from masa.sched.core import (
     SchedulerState,
     add_tasks,
     arrive,
@@ -21,9 +22,8 @@ from masa.core import (
     new_state,
     select,
 )
-from masa.policies import MasaPolicy
-from masa.simulator import simulate_graph
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.sched.policies import MasaPolicy
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 NAMES = ("p", "q", "r", "s", "t")
 ID_PERMUTATIONS = list(permutations(NAMES))

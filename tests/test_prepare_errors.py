@@ -10,8 +10,8 @@ import models
 import numpy as np
 import pytest
 
-from masa.cli import main
-from masa.errors import UserError, ValidationError
+from masa.cli.main import main
+from masa.common.errors import UserError, ValidationError
 from model_prep.manifest import load_manifest
 from model_prep.prepare_cli import prepare_network
 

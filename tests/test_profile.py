@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from masa.cli import main as masa_main
+from masa.cli.main import main as masa_main
 from model_prep.manifest import (
     MANIFEST_NAME,
     NetworkManifest,
@@ -213,7 +213,7 @@ def test_random_inputs_are_seeded_and_fix_dynamic_dims() -> None:
 
 
 def test_bad_arguments_are_user_errors(network: NetworkManifest) -> None:
-    from masa.errors import UserError
+    from masa.common.errors import UserError
 
     with pytest.raises(UserError, match="runs"):
         profile_network(network, runs=0)

@@ -1,6 +1,6 @@
 """Random solver instances carry the LOAD order rule of real job graphs.
 
-masa.jobs gives every job graph start_after edges LOAD(s-1) -> LOAD(s); the
+masa.sched.jobs gives every job graph start_after edges LOAD(s-1) -> LOAD(s); the
 random generator of solver.instance mirrors it, so the `masa` heuristic is
 measured on the graphs it schedules in production. Without the rule the
 smallest-first policy loads light later stages before the stage they wait
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from masa.checker import check_schedule
-from masa.simulator import simulate_graph
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
 from solver.instance import RandomSpec, instance_from_dict, instance_to_dict, random_instance
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from sched_graphs import chain_network, merge, random_workload
 
-from masa.checker import check_schedule, memory_profile, peak_memory_bytes
-from masa.core import GroupStatus
-from masa.report import build_report, chrome_trace, format_table, write_json
-from masa.simulator import SimulationControl, simulate_graph
-from masa.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
+from masa.report.report import build_report, chrome_trace, format_table, write_json
+from masa.runtime.virtual import SimulationControl, simulate_graph
+from masa.sched.checker import check_schedule, memory_profile, peak_memory_bytes
+from masa.sched.core import GroupStatus
+from masa.sched.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
 
 POLICIES = ("masa", "bulk", "deepeye")
 

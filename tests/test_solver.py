@@ -2,7 +2,7 @@
 
 Tiny instances carry their optimum worked out by hand in the docstring; random
 instances check the solver against the `masa` heuristic in the simulator and
-every schedule against masa.checker.
+every schedule against masa.sched.checker.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sched_graphs import solver_instance
 
-from masa.checker import check_schedule
-from masa.errors import UserError
-from masa.simulator import simulate_graph
-from masa.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
+from masa.common.errors import UserError
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
+from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from solver.cli import main
 from solver.instance import (
     Instance,
@@ -481,7 +481,7 @@ def test_masa_optimal_reports_solver_infeasibility_with_exit_1(
 
 def test_masa_optimal_on_a_workload_and_store(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """The same graph builder as the scheduler (masa.jobs), on a tiny unprofiled zoo."""
+    """The same graph builder as the scheduler (masa.sched.jobs), on a tiny unprofiled zoo."""
     from workloads.schema import scenario_path
     from workloads.zoo import write_zoo
 
@@ -519,7 +519,7 @@ def test_response_symmetry_only_swaps_what_keeps_jobs_whole() -> None:
 
 
 def test_masa_optimal_is_also_a_masa_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
-    from masa.cli import main as masa_main
+    from masa.cli.main import main as masa_main
 
     assert masa_main(["optimal", "--random", "networks=2,layers=2,seed=1", "--json",
                       "--search-workers", "1"]) == 0

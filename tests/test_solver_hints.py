@@ -1,7 +1,7 @@
 """Tests of the solver's own list schedules (solver.list_schedule) and their use as hints.
 
 Tiny instances carry the expected schedule worked out by hand; random
-instances check every list schedule against masa.checker and check that
+instances check every list schedule against masa.sched.checker and check that
 hinting with them never changes a proven optimum.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 from sched_graphs import solver_instance
 
-from masa.checker import check_schedule
-from masa.taskgraph import Lock, Task, TaskKind
+from masa.sched.checker import check_schedule
+from masa.sched.taskgraph import Lock, Task, TaskKind
 from solver.cli import main
 from solver.instance import Instance, RandomSpec, random_instance
 from solver.list_schedule import best_list_schedule, list_schedules

@@ -18,13 +18,13 @@ import numpy as np
 import onnx
 import pytest
 
-from masa.cli import main
-from masa.errors import UserError
-from masa.progress import ProgressBar, render
-from masa.session import create_session
+from masa.cli.main import main
+from masa.common.errors import UserError
+from masa.common.progress import ProgressBar, render
 from model_prep import prepare_cli, split
 from model_prep.manifest import load_manifest
 from model_prep.prepare_cli import prepare_network
+from model_prep.session import create_session
 from model_prep.split import split_model
 from model_prep.verify import run_stages, verify_network
 

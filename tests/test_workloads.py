@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from masa.errors import UserError, ValidationError
+from masa.common.errors import UserError, ValidationError
 from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec, write_manifest
 from workloads.arrivals import (
     Arrival,
@@ -549,7 +549,7 @@ def test_input_files_and_random_inputs(tmp_path: Path) -> None:
 def test_cli_checks_files_and_exits_2_on_bad_input(
     tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from masa.cli import main
+    from masa.cli.main import main
 
     assert main(["workload", "scenarios"]) == 0
     assert "stochastic1" in capsys.readouterr().out

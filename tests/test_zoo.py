@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 import pytest
 
-from masa.errors import UserError
-from masa.session import create_session
+from masa.common.errors import UserError
+from model_prep.session import create_session
 from workloads.zoo import (
     MIB,
     ZOO_NAMES,
@@ -213,7 +213,7 @@ def test_write_zoo_into_a_file_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_masa_zoo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from masa.cli import main
+    from masa.cli.main import main
 
     store = tmp_path / "store"
     code = main(["zoo", "--store", str(store), "--scale", "0.05", "--no-profile",
@@ -235,7 +235,7 @@ def test_masa_zoo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_masa_zoo_bad_arguments_exit_2_with_one_line(
         argv: list[str], expected: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from masa.cli import main
+    from masa.cli.main import main
 
     store = tmp_path / "store"
     try:

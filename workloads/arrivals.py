@@ -196,9 +196,9 @@ def mean_network_time_s(
 
     A network's time is the sum of its stages' EXEC durations plus, with
     include_load (the default, since every job loads its layers), their LOAD
-    durations, from the profile or the documented estimates of masa.jobs.
+    durations, from the profile or the documented estimates of masa.sched.jobs.
     """
-    from masa.jobs import network_time_us  # masa.jobs is pure; imported here to keep
+    from masa.sched.jobs import network_time_us  # masa.sched.jobs is pure; imported here to keep
     # `workloads` importable without pulling the builder in at module import.
 
     names = list(networks) if networks is not None else sorted(manifests)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from masa.errors import ErrorCollector, UserError
+from masa.common.errors import ErrorCollector, UserError
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, TensorSpec, load_manifest
 from workloads.arrivals import (
     ARRIVAL_KINDS,

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from masa.errors import UserError
+from masa.common.errors import UserError
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from masa.errors import UserError
-from masa.units import format_bytes
+from masa.common.errors import UserError
+from masa.common.units import format_bytes
 from workloads.zoo import ZOO_NAMES, ZOO_SPECS, check_names, check_scale, write_zoo
 
 

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from masa.errors import UserError
-from masa.runner import (
+from masa.common.errors import UserError
+from masa.common.units import format_bytes, parse_memory_bytes
+from masa.runtime.runner import (
     PreparedRun,
     RunOutcome,
     RunSettings,
@@ -39,7 +40,6 @@ from masa.runner import (
     outcome_report,
     prepare_run,
 )
-from masa.units import format_bytes, parse_memory_bytes
 from model_prep.manifest import MANIFEST_NAME, load_manifest
 from model_prep.prepare_cli import prepare_network
 from workloads.schema import InputSpec, load_input_file
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.no_profile:
         # Said once here instead of a scheduler warning in the middle of the table.
-        logging.getLogger("masa.jobs").setLevel(logging.ERROR)
+        logging.getLogger("masa.sched.jobs").setLevel(logging.ERROR)
     try:
         settings = RunSettings(workers=args.workers,
                                memory_budget_bytes=parse_memory_bytes(args.memory, "--memory"))

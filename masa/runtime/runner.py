@@ -8,7 +8,7 @@ the pure core, and the two executors, so that `masa run`, `masa compare`,
     outcome = execute(prepared, RunSettings(policy="masa", ...), simulate=True)
 
 A run's outcome has the same shape for both executors (schedule, per-network
-status, memory), which masa.report turns into the report JSON and trace.
+status, memory), which masa.report.report turns into the report JSON and trace.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from masa.context import CONTEXT_MODES, ContextController
-from masa.core import GroupStatus, OverCommit
-from masa.errors import UserError
-from masa.executor import MEMORY_SOURCES, RealExecutor, RealRunConfig
-from masa.jobs import build_workload_graph, group_id
-from masa.policies import POLICY_NAMES
-from masa.report import build_report, chrome_trace
-from masa.simulator import SimulationControl, simulate_graph
-from masa.taskgraph import ScheduledTask, TaskGraph
+from masa.common.errors import UserError
+from masa.report.report import build_report, chrome_trace
+from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
+from masa.runtime.virtual import SimulationControl, simulate_graph
+from masa.sched.context import CONTEXT_MODES, ContextController
+from masa.sched.core import GroupStatus, OverCommit
+from masa.sched.jobs import build_workload_graph, group_id
+from masa.sched.policies import POLICY_NAMES
+from masa.sched.taskgraph import ScheduledTask, TaskGraph
 from model_prep.manifest import NetworkManifest, load_store_network
 from workloads.conditions import TENSOR_PREDICATE_KINDS
 from workloads.schema import (
@@ -260,7 +260,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
 
 
 def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None) -> dict:
-    """The report dict (masa.report) of a run."""
+    """The report dict (masa.report.report) of a run."""
     settings = outcome.settings
     measured = [(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None]
     return build_report(
@@ -278,7 +278,7 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
 
 
 def outcome_trace(outcome: RunOutcome) -> dict:
-    """The Chrome trace (masa.report) of a run."""
+    """The Chrome trace (masa.report.report) of a run."""
     settings = outcome.settings
     return chrome_trace(
         outcome.graph, outcome.schedule, workers=settings.workers,

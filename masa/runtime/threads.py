@@ -1,14 +1,14 @@
 """The real executor: k worker threads running LOAD and EXEC tasks with ONNX Runtime.
 
 This module owns threads, the clock and ONNX Runtime sessions for a real run.
-Every decision comes from the pure core (masa.core, masa.policies) exactly as
+Every decision comes from the pure core (masa.sched.core, masa.sched.policies) exactly as
 in the simulator; this shell only carries decisions out and reports back:
 
 - the main thread runs an event loop: it admits jobs at their arrival time,
   asks the core for dispatches, hands each to its worker's queue, and blocks
   on the completion queue (with a timeout only until the next arrival: no
   polling);
-- a LOAD creates the stage's session (masa.session.create_session) and keeps
+- a LOAD creates the stage's session (model_prep.session.create_session) and keeps
   it under (group, stage); an EXEC runs the stage on tensors of the job's
   tensor store, with its own RunOptions so that CA-preempt can stop it;
 - when the core releases a lock the shell unloads the session (LOAD lock) or
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from masa import core
-from masa.context import ContextController, parse_group
-from masa.core import GroupStatus, SchedulerState
-from masa.procmem import rss_bytes
-from masa.session import create_session, release_memory
-from masa.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
+from masa.common.procmem import rss_bytes
+from masa.sched import core
+from masa.sched.context import ContextController, parse_group
+from masa.sched.core import GroupStatus, SchedulerState
+from masa.sched.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
+from model_prep.session import create_session, release_memory
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from masa.core import GroupStatus
-from masa.jobs import group_id
+from masa.sched.core import GroupStatus
+from masa.sched.jobs import group_id
 
 CONTEXT_MODES = ("oblivious", "wait", "preempt")
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from masa.atomic import atomic_write_text
-from masa.checker import memory_profile
-from masa.core import OverCommit
-from masa.taskgraph import ScheduledTask, TaskGraph, TaskKind
-from masa.units import format_bytes
+from masa.common.atomic import atomic_write_text
+from masa.common.units import format_bytes
+from masa.sched.checker import memory_profile
+from masa.sched.core import OverCommit
+from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
 
 REPORT_FORMAT = 1
 NETWORK_STATUSES = ("done", "failed", "skipped", "aborted")
@@ -74,7 +74,7 @@ def build_report(
       other values (the core's "cancelled") are ignored.
     measured_memory: (time_us, bytes) samples of measured memory (RSS, cgroup).
     reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
-      from the schedule with masa.checker.memory_profile.
+      from the schedule with masa.sched.checker.memory_profile.
     """
     entries_by_group: dict[str, list[ScheduledTask]] = {}
     for entry in schedule:

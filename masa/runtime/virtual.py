@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from masa.core import (
+from masa.sched.core import (
     GroupStatus,
     OverCommit,
     Policy,
@@ -37,7 +37,7 @@ from masa.core import (
     take_events,
     unfinished_task_ids,
 )
-from masa.taskgraph import ScheduledTask, TaskGraph
+from masa.sched.taskgraph import ScheduledTask, TaskGraph
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 This module owns the online scheduling state as plain data and the functions
 that change it. It has no threads, clocks, files or ONNX: the real executor and
-the discrete-event simulator (masa.simulator) drive the same functions and
-record times themselves. The decision rules live in masa.policies.
+the discrete-event simulator (masa.runtime.virtual) drive the same functions and
+record times themselves. The decision rules live in masa.sched.policies.
 
 Protocol for an executor (see docs/scheduling.md):
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from masa.errors import UserError
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind, find_cycle
+from masa.common.errors import UserError
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind, find_cycle
 
 
 class TaskState(Enum):
@@ -196,7 +196,7 @@ class GroupInfo:
 
 
 class Policy(Protocol):
-    """A dispatch rule (masa.policies): told about tasks, asked for the next one."""
+    """A dispatch rule (masa.sched.policies): told about tasks, asked for the next one."""
 
     name: str
     memory_aware: bool  # False: over-budget dispatches are "oblivious", not "progress"
@@ -230,11 +230,11 @@ def new_state(workers: int, memory_budget_bytes: int,
               policy: str | Policy = "masa") -> SchedulerState:
     """An empty scheduler for `workers` workers and a memory budget.
 
-    policy: a name from masa.policies.POLICY_NAMES (unknown: UserError), or a
+    policy: a name from masa.sched.policies.POLICY_NAMES (unknown: UserError), or a
     fresh policy object (e.g. MasaPolicy(admission=False)) used by this state only.
     """
-    # Imported here: masa.policies imports this module for its types.
-    from masa.policies import make_policy
+    # Imported here: masa.sched.policies imports this module for its types.
+    from masa.sched.policies import make_policy
 
     if workers < 1:
         raise UserError(f"workers: expected a positive integer, got {workers}")

@@ -1,6 +1,6 @@
 """The three dispatch policies: masa (Algorithm 1), bulk and deepeye.
 
-Each policy is told by masa.core when a task is added, becomes ready, starts
+Each policy is told by masa.sched.core when a task is added, becomes ready, starts
 and ends, and is asked `pick(state)` for the next task to start on an idle
 worker (or None). Policies are pure: heaps of plain tuples, no clocks or I/O.
 Every decision costs O(log n) in ready tasks: heap entries are never re-sorted;
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import heapq
 
-from masa.core import GroupStatus, SchedulerState, TaskInfo, TaskState
-from masa.errors import UserError
-from masa.taskgraph import TaskKind
+from masa.common.errors import UserError
+from masa.sched.core import GroupStatus, SchedulerState, TaskInfo, TaskState
+from masa.sched.taskgraph import TaskKind
 
 # A ready-heap entry: (sort key..., task_id, ready_epoch); the last two are checked.
 _Entry = tuple
@@ -325,7 +325,7 @@ class DeepEyePolicy:
 # "masa" is Algorithm 1 with the admission and headroom rules (docs/scheduling.md);
 # "masa-paper" is Algorithm 1 exactly as the paper states it, for comparison;
 # "masa-plan" keeps masa's memory rules but dispatches in an order planned by
-# local search at each arrival (masa.planning).
+# local search at each arrival (masa.runtime.planning).
 POLICY_NAMES: tuple[str, ...] = ("masa", "masa-paper", "masa-plan", "bulk", "deepeye")
 
 
@@ -336,7 +336,7 @@ def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
     if name == "masa-paper":
         return MasaPolicy(admission=False, headroom=False)
     if name == "masa-plan":
-        from masa.planning import PlanningPolicy  # it builds on this module
+        from masa.runtime.planning import PlanningPolicy  # it builds on this module
 
         return PlanningPolicy()
     if name == "bulk":

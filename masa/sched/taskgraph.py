@@ -1,7 +1,7 @@
 """The scheduling problem as plain, frozen data: tasks, precedences and memory locks.
 
 Everything that schedules speaks this one language: the pure policies, the
-simulator, the real executor (through masa.jobs, which builds graphs from jobs
+simulator, the real executor (through masa.sched.jobs, which builds graphs from jobs
 and manifests) and the CP-SAT solver (whose instance JSON is this graph
 serialised, see docs/instance-format.md).
 
@@ -15,7 +15,7 @@ So at any instant: sum(running tasks' memory) + sum(active locks) <= budget.
 
 Precedence (a, b): b may start only after a has ended. `start_after` (a, b):
 b may start only after a has started (used for the LOAD order rule, see
-masa.jobs); solvers may ignore it, it only restricts the heuristic.
+masa.sched.jobs); solvers may ignore it, it only restricts the heuristic.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Job -> task-graph builder: the LOAD/EXEC tasks, precedences and memory locks of jobs.
 
 This module owns the translation from "job j runs networks N1..Nk" plus the
-networks' manifests into a `masa.taskgraph.TaskGraph`, and the per-stage cost
+networks' manifests into a `masa.sched.taskgraph.TaskGraph`, and the per-stage cost
 figures (`stage_costs`) every consumer must agree on (policies, simulator,
 solver, traffic intensity). Pure: no clocks, threads, files or ONNX.
 
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from masa.errors import UserError
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.common.errors import UserError
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage, TensorSpec
 
 if TYPE_CHECKING:  # workloads.schema imports this module's costs lazily; avoid a cycle

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from masa.errors import UserError
+from masa.common.errors import UserError
 
 _MEMORY_UNITS = {
     "": 1, "b": 1,

@@ -10,12 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from masa.atomic import atomic_save_png, atomic_write_bytes
-from masa.errors import UserError
-from masa.executor import MEMORY_SOURCES, RealExecutor, RealRunConfig
-from masa.jobs import build_job_graph, group_id
-from masa.report import format_table, write_json
-from masa.runner import (
+from masa.common.atomic import atomic_save_png, atomic_write_bytes
+from masa.common.errors import UserError
+from masa.common.units import format_bytes, parse_memory_bytes
+from masa.report.report import format_table, write_json
+from masa.runtime.runner import (
     POLICIES,
     PreparedRun,
     RunOutcome,
@@ -25,7 +24,8 @@ from masa.runner import (
     outcome_trace,
     prepare_run,
 )
-from masa.units import format_bytes, parse_memory_bytes
+from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
+from masa.sched.jobs import build_job_graph, group_id
 from model_prep.manifest import load_store_network
 from model_prep.verify import bind_feeds, load_feeds
 from workloads.schema import JobSpec

@@ -5,7 +5,7 @@ A schedule is a sequence of `ScheduledTask`; entries with worker >= 0 ran over
 [start_us, end_us); entries with worker == -1 are tasks cancelled before they
 started (recorded at the cancellation instant; they only end locks).
 
-Memory follows masa.taskgraph: a task that ran holds `memory_bytes` over
+Memory follows masa.sched.taskgraph: a task that ran holds `memory_bytes` over
 [start, end); a lock whose opening task ran holds its bytes from that task's
 start until the latest end among the opening task and the lock's until-tasks
 present in the schedule. At every instant the memory held must be within the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from masa.taskgraph import ScheduledTask, TaskGraph
+from masa.sched.taskgraph import ScheduledTask, TaskGraph
 
 _MAX_PROBLEMS_PER_KIND = 10
 

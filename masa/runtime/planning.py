@@ -11,10 +11,10 @@ nothing fits and nothing runs) but, instead of a fixed priority, follows a
 
 - `RankedPolicy` dispatches, among the ready tasks that fit, the one of lowest
   rank. It is an ordinary policy: the simulator and the real executor drive it
-  through masa.core like any other.
+  through masa.sched.core like any other.
 - `plan_rank` takes the residual problem (`residual_graph`: the arrived tasks
   not yet started, the memory free now), decodes candidate orders by running
-  `RankedPolicy` on it in masa.simulator, and improves the best of a few
+  `RankedPolicy` on it in masa.runtime.virtual, and improves the best of a few
   rule-based orders by seeded simulated annealing, in both decoder modes
   (`strict_loads` off and on).
 - `PlanningPolicy` (registered as `masa-plan`) replans whenever a task it has
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from masa.core import SchedulerState, TaskInfo, TaskState
-from masa.policies import MasaPolicy, _Entry
-from masa.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.sched.core import SchedulerState, TaskInfo, TaskState
+from masa.sched.policies import MasaPolicy, _Entry
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 # Annealing steps per plan (split between the two decoder modes): up to
 # MAX_ITERATIONS, fewer for large residual problems so that one plan costs at
@@ -179,7 +179,7 @@ def initial_orders(graph: TaskGraph) -> list[list[str]]:
 
 def _cost(graph: TaskGraph, order: Sequence[str], workers: int, memory_bytes: int,
           strict_loads: bool) -> int:
-    from masa.simulator import simulate_graph  # here: the simulator imports the core
+    from masa.runtime.virtual import simulate_graph  # here: the simulator imports the core
 
     rank = {task_id: index for index, task_id in enumerate(order)}
     result = simulate_graph(graph, policy=RankedPolicy(rank, strict_loads), workers=workers,

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from masa import __version__
-from masa.errors import UserError
+from masa.common.errors import UserError
 
 # Modules that register a subcommand, in the order `masa --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -23,8 +23,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workloads.zoo_cli",
     "model_prep.profile_cli",
     "workloads.workload_cli",
-    "masa.run_cli",
-    "masa.demo_cli",
+    "masa.cli.run",
+    "masa.cli.demo",
     "solver.cli",
 )
 

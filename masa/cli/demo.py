@@ -16,12 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from masa.atomic import atomic_write_text
-from masa.jobs import stage_costs
-from masa.report import write_json
-from masa.run_cli import compare_reports, plot_comparison
-from masa.runner import RunSettings, execute, outcome_report, prepare_run
-from masa.units import format_bytes, parse_memory_bytes
+from masa.cli.run import compare_reports, plot_comparison
+from masa.common.atomic import atomic_write_text
+from masa.common.units import format_bytes, parse_memory_bytes
+from masa.report.report import write_json
+from masa.runtime.runner import RunSettings, execute, outcome_report, prepare_run
+from masa.sched.jobs import stage_costs
 from model_prep.manifest import NetworkManifest
 from model_prep.split import stage_summary
 from workloads.zoo import write_zoo

@@ -1,0 +1,1 @@
+"""The `masa` command line. Subcommand modules are imported only when chosen."""

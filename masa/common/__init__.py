@@ -1,0 +1,1 @@
+"""Utilities every layer may use: errors, units, atomic writes, progress, process memory."""

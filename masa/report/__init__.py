@@ -1,0 +1,1 @@
+"""Reports of runs: summary JSON, tables and Chrome traces."""
