@@ -48,9 +48,9 @@ from masa.runtime.runner import (
     outcome_report,
     prepare_run,
 )
-from masa.sched.jobs import network_time_us
+from masa.sched.jobs import JobSpec, network_time_us
 from workloads.arrivals import US_PER_S, with_rate
-from workloads.schema import JobSpec, Workload, generate_jobs, load_workload, scenario_path
+from workloads.schema import Workload, generate_jobs, load_workload, scenario_path
 
 SCENARIOS = ("small", "mixed", "lifelogging", "stochastic1", "stochastic2")
 POLICIES = ("masa", "bulk", "deepeye")

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from masa.common.atomic import atomic_write_text
+from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.core import add_tasks, finish, new_state, select
 from masa.sched.policies import MasaPolicy
@@ -59,7 +60,7 @@ def decision_costs_us(policy: str, ready: int, decisions: int, seed: int) -> tup
     select_us: list[float] = []
     finish_us: list[float] = []
     # A budget everything fits in: the common case where the first heap decides.
-    state = new_state(1, 10**9, policy)
+    state = new_state(1, 10**9, make_policy(policy))
     add_tasks(state, ready_graph(ready, rng, "a"))
     batch = 0
     while len(select_us) < decisions:
@@ -82,7 +83,7 @@ def decision_costs_us(policy: str, ready: int, decisions: int, seed: int) -> tup
 def masa_tight_costs_us(ready: int, decisions: int, seed: int) -> list[float]:
     """masa with free memory tight: the smallest EXEC does not fit, a LOAD does."""
     rng = np.random.default_rng(seed)
-    state = new_state(1, 0, "masa")
+    state = new_state(1, 0, make_policy("masa"))
     costs: list[float] = []
     batch = 0
     while len(costs) < decisions:
@@ -106,7 +107,7 @@ def masa_tight_costs_us(ready: int, decisions: int, seed: int) -> list[float]:
             assert state.tasks[dispatches[0].task_id].task.kind is TaskKind.LOAD
             finish(state, dispatches[0].task_id)
         # Drop what is left of this batch so the ready set stays near `ready`.
-        state = new_state(1, 0, "masa")
+        state = new_state(1, 0, make_policy("masa"))
     return costs
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from masa.common.atomic import atomic_write_text
 from masa.common.errors import ErrorCollector, UserError
-from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind, find_cycle
+from masa.common.graphs import ancestors, find_cycle
+from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 
 INSTANCE_KINDS = tuple(kind.value for kind in TaskKind)
 
@@ -335,30 +336,8 @@ def mirror_schedule(schedule: Iterable[ScheduledTask], end_us: int) -> list[Sche
 # ---------------------------------------------------------------- feasibility
 
 def ancestor_sets(graph: TaskGraph) -> dict[str, set[str]]:
-    """For each task, every task that must end before it starts (transitive precedence).
-
-    The graph must be acyclic (instance_from_dict guarantees it).
-    """
-    predecessors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
-    successors: dict[str, list[str]] = {task.task_id: [] for task in graph.tasks}
-    for before, after in graph.precedence:
-        predecessors[after].append(before)
-        successors[before].append(after)
-    remaining = {task_id: len(parents) for task_id, parents in predecessors.items()}
-    ready = [task_id for task_id, count in remaining.items() if count == 0]
-    ancestors: dict[str, set[str]] = {}
-    while ready:
-        task_id = ready.pop()
-        found: set[str] = set()
-        for parent in predecessors[task_id]:
-            found.add(parent)
-            found |= ancestors[parent]
-        ancestors[task_id] = found
-        for child in successors[task_id]:
-            remaining[child] -= 1
-            if remaining[child] == 0:
-                ready.append(child)
-    return ancestors
+    """For each task, every task that must end before it starts (transitive precedence)."""
+    return ancestors([task.task_id for task in graph.tasks], graph.precedence)
 
 
 def spanning_locks(graph: TaskGraph, ancestors: dict[str, set[str]] | None = None

@@ -16,10 +16,9 @@ from masa.cli.main import main
 from masa.runtime.threads import RealExecutor, RealRunConfig
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
-from masa.sched.jobs import build_workload_graph
+from masa.sched.jobs import JobSpec, build_workload_graph
 from model_prep.manifest import NetworkManifest, load_store_network
 from model_prep.verify import random_feeds, run_stages, run_whole_model
-from workloads.schema import JobSpec
 
 NETWORKS = ("agenet", "googlenet")
 MIB = 2**20

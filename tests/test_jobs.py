@@ -14,6 +14,7 @@ from masa.sched.jobs import (
     ESTIMATE_EXEC_FIXED_US,
     ESTIMATE_LOAD_BYTES_PER_US,
     ESTIMATE_LOAD_FIXED_US,
+    JobSpec,
     build_job_graph,
     build_workload_graph,
     network_time_us,
@@ -23,7 +24,7 @@ from masa.sched.jobs import (
 )
 from masa.sched.taskgraph import TaskKind, validate_graph
 from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec
-from workloads.schema import JobSpec, generate_jobs, list_scenarios, load_workload, scenario_path
+from workloads.schema import generate_jobs, list_scenarios, load_workload, scenario_path
 
 
 def _tensor(name: str, elements: int) -> TensorSpec:

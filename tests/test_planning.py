@@ -14,6 +14,7 @@ import pytest
 from sched_graphs import chain_network, merge
 
 from masa.runtime.planning import PlanningPolicy, RankedPolicy, plan_rank, residual_graph
+from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.core import add_tasks, finish, new_state, select
@@ -87,7 +88,7 @@ def test_plan_is_deterministic_for_a_seed() -> None:
 
 def test_residual_graph_holds_only_what_has_not_started() -> None:
     graph = chain_network(0, 0, [30, 20])
-    state = new_state(1, 100, "masa")
+    state = new_state(1, 100, make_policy("masa"))
     add_tasks(state, graph)
     assert [d.task_id for d in select(state)] == ["j0/n0/s0/load"]
     residual = residual_graph(state)

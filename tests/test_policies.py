@@ -11,6 +11,7 @@ from itertools import permutations
 import pytest
 from sched_graphs import chain_network, merge, single
 
+from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.core import (
@@ -52,7 +53,7 @@ def test_masa_execs_first_then_loads_each_by_ascending_footprint(names: tuple[st
         # Small direct memory but a large output lock: its footprint is 55.
         single(ids["exec_locked"], TaskKind.EXEC, 5, lock_bytes=50),
     ])
-    state = new_state(1, 1000, "masa")
+    state = new_state(1, 1000, make_policy("masa"))
     add_tasks(state, graph)
     expected = ["exec_small", "exec_big", "exec_locked", "load_small", "load_big"]
     assert run_one_worker(state) == [ids[role] for role in expected]
@@ -70,7 +71,7 @@ def test_masa_ties_by_job_network_stage_order_then_id(names: tuple[str, ...]) ->
         single(ids["tie_b"], TaskKind.EXEC, 10, order=(0, 1, 3)),
         single(ids["later_stage"], TaskKind.EXEC, 10, order=(0, 1, 4)),
     ])
-    state = new_state(1, 1000, "masa")
+    state = new_state(1, 1000, make_policy("masa"))
     add_tasks(state, graph)
     ties = sorted([ids["tie_a"], ids["tie_b"]])  # full tie: task id decides
     expected = ties + [ids["later_stage"], ids["later_network"], ids["late_job"]]
@@ -81,7 +82,7 @@ def test_masa_ties_by_job_network_stage_order_then_id(names: tuple[str, ...]) ->
 def test_masa_skips_what_does_not_fit(names: tuple[str, ...]) -> None:
     ids = dict(zip(("blocker", "exec_big", "load_big", "load_small", "unused"),
                    names, strict=True))
-    state = new_state(2, 100, "masa")
+    state = new_state(2, 100, make_policy("masa"))
     graph = merge([
         single(ids["blocker"], TaskKind.EXEC, 60),
         single(ids["exec_big"], TaskKind.EXEC, 50),
@@ -107,7 +108,7 @@ def test_masa_progress_rule_runs_smallest_of_preferred_kind_only_when_idle(
         names: tuple[str, ...]) -> None:
     ids = dict(zip(("blocker", "exec_huge", "exec_huger", "load_big", "unused"),
                    names, strict=True))
-    state = new_state(2, 100, "masa")
+    state = new_state(2, 100, make_policy("masa"))
     add_tasks(state, merge([
         single(ids["blocker"], TaskKind.EXEC, 10),
         single(ids["exec_huge"], TaskKind.EXEC, 150),

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from masa.sched.jobs import network_time_us
 from model_prep.manifest import NetworkManifest
 
 ARRIVAL_KINDS = ("periodic", "normal", "poisson", "trace")
@@ -198,9 +199,6 @@ def mean_network_time_s(
     include_load (the default, since every job loads its layers), their LOAD
     durations, from the profile or the documented estimates of masa.sched.jobs.
     """
-    from masa.sched.jobs import network_time_us  # masa.sched.jobs is pure; imported here to keep
-    # `workloads` importable without pulling the builder in at module import.
-
     names = list(networks) if networks is not None else sorted(manifests)
     if not names:
         raise ValueError("traffic intensity needs at least one network")

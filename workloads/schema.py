@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from masa.common.errors import ErrorCollector, UserError
+from masa.sched.jobs import JobSpec
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, TensorSpec, load_manifest
 from workloads.arrivals import (
     ARRIVAL_KINDS,
@@ -62,15 +63,6 @@ _ARRIVAL_FIELDS = {
 }
 _TOP_FIELDS = {"format", "name", "description", "graph", "input", "arrivals", "composition",
                "intensity"}
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job: an input arriving at arrival_us that the listed networks analyse."""
-
-    job_id: int
-    arrival_us: int
-    networks: tuple[str, ...]  # in the workload's network order
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,9 @@ from masa.runtime.runner import (
     prepare_run,
 )
 from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
-from masa.sched.jobs import build_job_graph, group_id
+from masa.sched.jobs import JobSpec, build_job_graph, group_id
 from model_prep.manifest import load_store_network
 from model_prep.verify import bind_feeds, load_feeds
-from workloads.schema import JobSpec
 
 log = logging.getLogger(__name__)
 

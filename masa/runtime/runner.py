@@ -22,12 +22,12 @@ import numpy as np
 
 from masa.common.errors import UserError
 from masa.report.report import build_report, chrome_trace
+from masa.runtime.registry import POLICY_NAMES
 from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
 from masa.runtime.virtual import SimulationControl, simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
 from masa.sched.core import GroupStatus, OverCommit
 from masa.sched.jobs import build_workload_graph, group_id
-from masa.sched.policies import POLICY_NAMES
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
 from model_prep.manifest import NetworkManifest, load_store_network
 from workloads.conditions import TENSOR_PREDICATE_KINDS

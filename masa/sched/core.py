@@ -7,7 +7,7 @@ record times themselves. The decision rules live in masa.sched.policies.
 
 Protocol for an executor (see docs/scheduling.md):
 
-    state = new_state(workers=2, memory_budget_bytes=512 * 2**20, policy="masa")
+    state = new_state(workers=2, memory_budget_bytes=512 * 2**20, policy=MasaPolicy())
     add_tasks(state, graph)              # a job arrives
     for dispatch in select(state):       # marks RUNNING, reserves memory
         ...start dispatch.task_id on worker dispatch.worker...
@@ -34,7 +34,8 @@ from enum import Enum
 from typing import Protocol
 
 from masa.common.errors import UserError
-from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind, find_cycle
+from masa.common.graphs import find_cycle, topological_order
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 
 class TaskState(Enum):
@@ -226,16 +227,9 @@ class SchedulerState:
     events: CoreEvents = field(default_factory=CoreEvents)
 
 
-def new_state(workers: int, memory_budget_bytes: int,
-              policy: str | Policy = "masa") -> SchedulerState:
-    """An empty scheduler for `workers` workers and a memory budget.
-
-    policy: a name from masa.sched.policies.POLICY_NAMES (unknown: UserError), or a
-    fresh policy object (e.g. MasaPolicy(admission=False)) used by this state only.
-    """
-    # Imported here: masa.sched.policies imports this module for its types.
-    from masa.sched.policies import make_policy
-
+def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> SchedulerState:
+    """An empty scheduler for `workers` workers, a memory budget and a fresh policy
+    object (masa.runtime.registry.make_policy by name), used by this state only."""
     if workers < 1:
         raise UserError(f"workers: expected a positive integer, got {workers}")
     if memory_budget_bytes < 0:
@@ -243,7 +237,7 @@ def new_state(workers: int, memory_budget_bytes: int,
     return SchedulerState(
         workers=workers,
         ledger=MemoryLedger(memory_budget_bytes),
-        policy=make_policy(policy) if isinstance(policy, str) else policy,
+        policy=policy,
         free_workers=list(range(workers)),
     )
 
@@ -293,7 +287,7 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
         inner = tuple(
             (a, b) for a, b in graph.precedence + graph.start_after if a in seen and b in seen
         )
-        if not _is_acyclic(new_ids, inner):
+        if topological_order(new_ids, inner) is None:
             cycle = find_cycle(new_ids, inner)
             problems.append("cyclic dependencies: " + " -> ".join(cycle))
     if problems:
@@ -349,25 +343,6 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
                        "a predecessor had already ended without running")
     if arrived:
         arrive(state, new_ids)
-
-
-def _is_acyclic(ids: list[str], edges: tuple[tuple[str, str], ...]) -> bool:
-    """Kahn's algorithm: cheaper than a DFS that also names the cycle (only needed then)."""
-    indegree = dict.fromkeys(ids, 0)
-    successors: dict[str, list[str]] = {}
-    for before, after in edges:
-        indegree[after] += 1
-        successors.setdefault(before, []).append(after)
-    queue = [task_id for task_id, count in indegree.items() if count == 0]
-    visited = 0
-    while queue:
-        task_id = queue.pop()
-        visited += 1
-        for successor in successors.get(task_id, ()):
-            indegree[successor] -= 1
-            if indegree[successor] == 0:
-                queue.append(successor)
-    return visited == len(indegree)
 
 
 def arrive(state: SchedulerState, task_ids: Iterable[str]) -> None:

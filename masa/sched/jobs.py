@@ -31,16 +31,12 @@ import gc
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from masa.common.errors import UserError
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage, TensorSpec
-
-if TYPE_CHECKING:  # workloads.schema imports this module's costs lazily; avoid a cycle
-    from workloads.schema import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +53,15 @@ ESTIMATE_EXEC_FIXED_US = 50
 ESTIMATE_EXEC_BYTES_PER_US = 1_000.0
 # A dynamic dimension (batch, image side) counts as 1 when sizing a tensor.
 ESTIMATE_DYNAMIC_DIM = 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: an input arriving at arrival_us that the listed networks analyse."""
+
+    job_id: int
+    arrival_us: int
+    networks: tuple[str, ...]  # in the workload's network order
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 
-from masa.common.errors import UserError
 from masa.sched.core import GroupStatus, SchedulerState, TaskInfo, TaskState
 from masa.sched.taskgraph import TaskKind
 
@@ -320,27 +319,3 @@ class DeepEyePolicy:
         )
         task_id = first.pick(state)
         return task_id if task_id is not None else second.pick(state)
-
-
-# "masa" is Algorithm 1 with the admission and headroom rules (docs/scheduling.md);
-# "masa-paper" is Algorithm 1 exactly as the paper states it, for comparison;
-# "masa-plan" keeps masa's memory rules but dispatches in an order planned by
-# local search at each arrival (masa.runtime.planning).
-POLICY_NAMES: tuple[str, ...] = ("masa", "masa-paper", "masa-plan", "bulk", "deepeye")
-
-
-def make_policy(name: str) -> MasaPolicy | BulkPolicy | DeepEyePolicy:
-    """A fresh policy by name; an unknown name is a UserError."""
-    if name == "masa":
-        return MasaPolicy()
-    if name == "masa-paper":
-        return MasaPolicy(admission=False, headroom=False)
-    if name == "masa-plan":
-        from masa.runtime.planning import PlanningPolicy  # it builds on this module
-
-        return PlanningPolicy()
-    if name == "bulk":
-        return BulkPolicy()
-    if name == "deepeye":
-        return DeepEyePolicy()
-    raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")

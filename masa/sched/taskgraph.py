@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from masa.common.graphs import find_cycle
+
 
 class TaskKind(Enum):
     LOAD = "load"
@@ -125,31 +127,3 @@ def validate_graph(graph: TaskGraph) -> list[str]:
         if cycle:
             problems.append("cyclic precedence: " + " -> ".join(cycle))
     return problems
-
-
-def find_cycle(ids: list[str], edges: tuple[tuple[str, str], ...]) -> list[str]:
-    """A cycle in the precedence edges, as a list of ids, or [] if there is none."""
-    successors: dict[str, list[str]] = {task_id: [] for task_id in ids}
-    for before, after in edges:
-        successors[before].append(after)
-    colour = dict.fromkeys(ids, 0)  # 0 new, 1 on stack, 2 done
-    for root in ids:
-        if colour[root]:
-            continue
-        stack = [(root, iter(successors[root]))]
-        path = [root]
-        colour[root] = 1
-        while stack:
-            node, children = stack[-1]
-            child = next(children, None)
-            if child is None:
-                colour[node] = 2
-                stack.pop()
-                path.pop()
-            elif colour[child] == 1:
-                return path[path.index(child):] + [child]
-            elif colour[child] == 0:
-                colour[child] = 1
-                stack.append((child, iter(successors[child])))
-                path.append(child)
-    return []
