@@ -28,7 +28,9 @@ from masa.runtime.runner import RunSettings
 from masa.sched.checker import check_schedule
 from model_prep.manifest import NetworkManifest, TensorSpec
 from workloads.conditions import resolve_callable
-from workloads.schema import load_workload, network_inputs, should_run
+from workloads.generation import should_run
+from workloads.inputs import network_inputs
+from workloads.loader import load_workload
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "cascade"
 MIB = 2**20

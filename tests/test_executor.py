@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from masa.runtime.registry import make_policy
 from masa.cli.main import main
 from masa.runtime.threads import RealExecutor, RealRunConfig
 from masa.runtime.virtual import simulate_graph
@@ -43,7 +44,7 @@ def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * 
          inputs_for=None):
     graph = build_workload_graph(jobs, manifests, list(NETWORKS))
     executor = RealExecutor(
-        graph, manifests, {job.job_id: job.arrival_us for job in jobs},
+        graph, manifests,
         inputs_for or (lambda job_id, network, upstream: feeds[network]),
         RealRunConfig(workers=workers, memory_budget_bytes=budget_bytes, policy=policy),
     )
@@ -80,7 +81,7 @@ def test_one_worker_real_and_simulated_dispatch_orders_match(manifests, feeds):
     for policy in ("masa", "masa-plan", "bulk", "deepeye"):
         graph, real = _run(manifests, feeds, jobs, policy=policy, workers=1,
                            budget_bytes=4 * MIB)
-        simulated = simulate_graph(graph, policy=policy, workers=1,
+        simulated = simulate_graph(graph, policy=make_policy(policy), workers=1,
                                    memory_budget_bytes=4 * MIB)
         assert real.dispatch_order == list(simulated.dispatch_order), policy
 
@@ -234,7 +235,7 @@ def test_measured_memory_source_reconciles_and_stays_correct(manifests, feeds):
         return feeds[network]
 
     executor = RealExecutor(
-        graph, manifests, {job.job_id: job.arrival_us for job in jobs}, inputs_for,
+        graph, manifests, inputs_for,
         RealRunConfig(workers=2, memory_budget_bytes=budget_bytes, memory_source="measured"),
     )
     result = executor.run()

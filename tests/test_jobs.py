@@ -24,7 +24,8 @@ from masa.sched.jobs import (
 )
 from masa.sched.taskgraph import TaskKind, validate_graph
 from model_prep.manifest import NetworkManifest, Stage, StageProfile, TensorSpec
-from workloads.schema import generate_jobs, list_scenarios, load_workload, scenario_path
+from workloads.generation import generate_jobs, list_scenarios, scenario_path
+from workloads.loader import load_workload
 
 
 def _tensor(name: str, elements: int) -> TensorSpec:

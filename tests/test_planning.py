@@ -59,9 +59,9 @@ def test_plan_reaches_the_proven_optimum_where_greedy_masa_does_not(spec: Random
     instance = random_instance(spec)
     optimum = solve_instance(instance, SolveOptions(time_limit_s=30, search_workers=1, seed=3))
     assert optimum.proven
-    greedy = simulate_graph(instance.graph, policy="masa", workers=instance.workers,
+    greedy = simulate_graph(instance.graph, policy=make_policy("masa"), workers=instance.workers,
                             memory_budget_bytes=instance.memory)
-    planned = simulate_graph(instance.graph, policy="masa-plan", workers=instance.workers,
+    planned = simulate_graph(instance.graph, policy=make_policy("masa-plan"), workers=instance.workers,
                              memory_budget_bytes=instance.memory)
     assert greedy.makespan_us > optimum.makespan_us
     assert planned.makespan_us == optimum.makespan_us

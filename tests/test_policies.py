@@ -176,7 +176,7 @@ def test_load_order_rule_keeps_many_networks_within_budget() -> None:
 def test_bulk_runs_one_network_at_a_time_loads_then_execs() -> None:
     graph = merge([chain_network(0, 1, [10, 10, 10]), chain_network(0, 0, [10, 10]),
                    chain_network(1, 0, [10], release_us=50)])
-    result = simulate_graph(graph, policy="bulk", workers=2, memory_budget_bytes=10_000)
+    result = simulate_graph(graph, policy=make_policy("bulk"), workers=2, memory_budget_bytes=10_000)
     assert result.dispatch_order == (
         "j0/n0/s0/load", "j0/n0/s1/load", "j0/n0/s0/exec", "j0/n0/s1/exec",
         "j0/n1/s0/load", "j0/n1/s1/load", "j0/n1/s2/load",
@@ -193,7 +193,7 @@ def test_bulk_runs_one_network_at_a_time_loads_then_execs() -> None:
 def test_bulk_is_memory_oblivious_and_reports_over_budget_peaks() -> None:
     # 55 bytes hold one stage (40), its working memory (5) and two outputs (5 + 5).
     graph = chain_network(0, 0, [40, 40, 40])
-    result = simulate_graph(graph, policy="bulk", workers=1, memory_budget_bytes=55)
+    result = simulate_graph(graph, policy=make_policy("bulk"), workers=1, memory_budget_bytes=55)
     assert result.peak_reserved_bytes >= 120  # every stage loaded at once
     assert result.over_commits and {o.reason for o in result.over_commits} == {"oblivious"}
     assert result.final_reserved_bytes == 0
@@ -201,7 +201,7 @@ def test_bulk_is_memory_oblivious_and_reports_over_budget_peaks() -> None:
                           allowed_over_commits=[o.task_id for o in result.over_commits]) == []
     assert check_schedule(graph, result.schedule, workers=1, memory_budget_bytes=55) != []
     # The same budget under masa: no over-commit at all.
-    masa = simulate_graph(graph, policy="masa", workers=1, memory_budget_bytes=55)
+    masa = simulate_graph(graph, policy=make_policy("masa"), workers=1, memory_budget_bytes=55)
     assert masa.over_commits == () and masa.peak_reserved_bytes <= 55
 
 
@@ -212,7 +212,7 @@ def test_deepeye_loads_fc_stages_while_conv_stages_execute() -> None:
         chain_network(1, 0, [10, 10, 50], layer_types=["conv", "conv", "fc"],
                       load_us=100, exec_us=200),
     ])
-    result = simulate_graph(graph, policy="deepeye", workers=2, memory_budget_bytes=10_000)
+    result = simulate_graph(graph, policy=make_policy("deepeye"), workers=2, memory_budget_bytes=10_000)
     entries = {entry.task_id: entry for entry in result.schedule}
     assert result.unfinished == ()
     # A network's first conv EXEC waits for its last conv LOAD.
@@ -230,7 +230,7 @@ def test_deepeye_loads_fc_stages_while_conv_stages_execute() -> None:
 @pytest.mark.parametrize("policy", ["masa", "bulk", "deepeye"])
 def test_every_policy_serves_arrivals_in_order_and_finishes(policy: str) -> None:
     graph = merge([chain_network(job, 0, [30, 20], release_us=job * 10) for job in range(5)])
-    result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=1_000)
+    result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=1_000)
     assert result.unfinished == () and result.final_reserved_bytes == 0
     first_starts = [
         next(e.start_us for e in result.schedule if e.task_id == f"j{job}/n0/s0/load")

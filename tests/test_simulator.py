@@ -15,7 +15,9 @@ import pytest
 from sched_graphs import chain_network, merge, random_workload
 
 from masa.report.report import build_report, chrome_trace, format_table, write_json
-from masa.runtime.virtual import SimulationControl, simulate_graph
+from masa.runtime.driver import Driver
+from masa.runtime.registry import make_policy
+from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule, memory_profile, peak_memory_bytes
 from masa.sched.core import GroupStatus
 from masa.sched.taskgraph import ScheduledTask, Task, TaskGraph, TaskKind
@@ -42,7 +44,7 @@ def test_random_workloads_are_valid_and_leave_the_ledger_empty(policy: str, work
     for seed in range(6):
         graph = random_workload(seed)
         budget_bytes = 120
-        result = simulate_graph(graph, policy=policy, workers=workers,
+        result = simulate_graph(graph, policy=make_policy(policy), workers=workers,
                                 memory_budget_bytes=budget_bytes)
         assert result.unfinished == () and result.final_reserved_bytes == 0
         assert set(result.group_status.values()) == {"done"}
@@ -91,7 +93,7 @@ def test_injected_failures_fail_one_group_and_release_all_memory(policy: str) ->
     for seed in range(5):
         graph = random_workload(seed)
         failing = {graph.tasks[int(i)].task_id for i in rng.choice(len(graph.tasks), 2)}
-        result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=120,
+        result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=120,
                                 failing_task_ids=failing)
         failed_groups = {graph.by_id[t].group for t in failing}
         assert result.final_reserved_bytes == 0 and result.unfinished == ()
@@ -107,7 +109,7 @@ def test_hook_aborts_a_running_group_and_frees_its_memory() -> None:
                    chain_network(0, 1, [20, 20, 20], load_us=50, exec_us=50)])
     seen: list[tuple[int, str, GroupStatus]] = []
 
-    def hook(control: SimulationControl, group: str, status: GroupStatus) -> None:
+    def hook(control: Driver, group: str, status: GroupStatus) -> None:
         seen.append((control.now_us, group, status))
         if group == "j0/n0":
             control.cancel("j0/n1", "upstream says not needed")
@@ -128,7 +130,7 @@ def test_gated_group_is_opened_or_skipped_by_the_hook(needed: bool) -> None:
     """CA-wait-like: n1 waits for n0; the hook opens it or skips it."""
     graph = merge([chain_network(0, 0, [10]), chain_network(0, 1, [10])])
 
-    def hook(control: SimulationControl, group: str, status: GroupStatus) -> None:
+    def hook(control: Driver, group: str, status: GroupStatus) -> None:
         if group == "j0/n0":
             if needed:
                 control.open("j0/n1")
@@ -252,7 +254,7 @@ def test_report_statuses_responses_and_trace(tmp_path: Path) -> None:
         chain_network(1, 0, [10, 10], load_us=20, exec_us=20, release_us=30),
     ])
 
-    def hook(control: SimulationControl, group: str, status: GroupStatus) -> None:
+    def hook(control: Driver, group: str, status: GroupStatus) -> None:
         if group == "j0/n0":
             control.cancel("j0/n1", "not needed")
             control.cancel("j0/n2", "condition false")
@@ -306,7 +308,7 @@ def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
 
         finished_first: set[str] = set()  # n2 groups that ended before their n0
 
-        def hook(control: SimulationControl, group: str, status: GroupStatus,
+        def hook(control: Driver, group: str, status: GroupStatus,
                  known: set[str] = groups, early: set[str] = finished_first) -> None:
             job = group.split("/")[0]
             if group.endswith("/n0"):
@@ -317,7 +319,7 @@ def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
                         early.add(f"{job}/n2")
                     control.cancel(f"{job}/n2", "not needed")
 
-        result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=120,
+        result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=120,
                                 gated_groups=gated, on_group_end=hook)
         assert result.unfinished == () and result.final_reserved_bytes == 0
         for group in groups:

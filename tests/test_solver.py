@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sched_graphs import solver_instance
 
+from masa.runtime.registry import make_policy
 from masa.common.errors import UserError
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
@@ -303,7 +304,7 @@ def test_heuristic_is_never_better_than_the_optimum() -> None:
         instance = random_instance(RandomSpec(
             networks=2 + seed % 2, layers=3, seed=100 + seed, tightness=(1.1, 1.5, 3.0)[seed % 3],
             load_ratio=(1.0, 4.0)[seed % 2], workers=1 + seed % 3))
-        heuristic = simulate_graph(instance.graph, policy="masa", workers=instance.workers,
+        heuristic = simulate_graph(instance.graph, policy=make_policy("masa"), workers=instance.workers,
                                    memory_budget_bytes=instance.memory)
         over_commits = [item.task_id for item in heuristic.over_commits]
         assert check_schedule(instance.graph, heuristic.schedule, workers=instance.workers,
@@ -482,7 +483,7 @@ def test_masa_optimal_reports_solver_infeasibility_with_exit_1(
 def test_masa_optimal_on_a_workload_and_store(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The same graph builder as the scheduler (masa.sched.jobs), on a tiny unprofiled zoo."""
-    from workloads.schema import scenario_path
+    from workloads.generation import scenario_path
     from workloads.zoo import write_zoo
 
     store = tmp_path / "store"

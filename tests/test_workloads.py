@@ -1,4 +1,5 @@
-"""Tests for the workload YAML (workloads.schema), arrivals, composition and conditions."""
+"""Tests for the workload YAML (workloads.loader, .model, .generation, .inputs), arrivals,
+composition and conditions."""
 
 from __future__ import annotations
 
@@ -18,23 +19,18 @@ from workloads.arrivals import (
     rate_for_intensity,
     traffic_intensity,
 )
-from workloads.conditions import (
-    Condition,
-    condition_draw,
-    crop_best_box,
-    evaluate_condition,
-    fit_to_input,
-)
-from workloads.schema import (
+from workloads.conditions import condition_draw, evaluate_condition
+from workloads.generation import (
     apply_intensity,
     generate_jobs,
     list_scenarios,
-    load_workload,
-    network_inputs,
     scenario_path,
     should_run,
     with_label_probability,
 )
+from workloads.inputs import crop_best_box, fit_to_input, network_inputs
+from workloads.loader import load_workload
+from workloads.model import Condition
 from workloads.zoo import ZOO_NAMES
 
 ZOO = ("agenet", "gendernet", "facenet", "sos", "memnet", "scenenet", "emotionnet",
@@ -573,3 +569,44 @@ def test_cli_checks_files_and_exits_2_on_bad_input(
     assert len(err.strip().splitlines()) == 1
     assert main(["workload", "check", "light"]) == 0  # a packaged scenario by name
     assert "agenet after facenet when probability 0.5" in capsys.readouterr().out
+
+
+def test_cli_json_reports_the_summary_or_every_problem(
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from masa.cli.main import main
+
+    path = _write(tmp_path, """\
+        graph:
+          detector:
+          classifier:
+            after: detector
+            when: {output: scores, count_above: {threshold: 0.5, min_count: 2}}
+        intensity: 0.5
+        arrivals: {kind: periodic, count: 3}
+        """)
+    assert main(["workload", "check", str(path), "--store", str(store), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is True and report["source"] == str(path)
+    assert [n["name"] for n in report["networks"]] == ["detector", "classifier"]
+    (condition,) = report["networks"][1]["when"]
+    assert condition["kind"] == "count_above" and condition["min_count"] == 2
+    assert "class_ids" not in condition
+    assert report["arrivals"]["interval_us"] == 800_000
+    assert report["mean_network_time_ms"] == pytest.approx(400.0)
+    assert report["traffic_intensity"] == pytest.approx(0.5)
+    assert report["composition"] == {"kind": "all"}
+
+    bad = _write(tmp_path, "graph: [a, a2]\narrivals: {kind: poisson, count: 0}\n", "bad.yaml")
+    assert main(["workload", "check", str(bad), "--json"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["valid"] is False and len(report["problems"]) == 2
+    assert all(problem.startswith(f"{bad}: at 'arrivals.") for problem in report["problems"])
+    assert captured.err.startswith("masa: error: ")
+
+    assert main(["workload", "scenarios", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in listing["scenarios"]] == list(list_scenarios())

@@ -226,6 +226,43 @@ def test_masa_zoo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert rows["agenet"][2:5] == ["6", "3", "3"] and rows["sos"][2:5] == ["8", "5", "3"]
 
 
+def test_masa_zoo_json_and_exit_1_when_a_network_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from masa.cli.main import main
+    from model_prep.errors import RunFailed
+    from workloads import zoo_cli
+
+    store = tmp_path / "store"
+    assert main(["zoo", "--store", str(store), "--scale", "0.05", "--no-profile", "--json",
+                 "agenet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (row,) = report["networks"]
+    assert (row["name"], row["stages"], row["conv_stages"], row["fc_stages"]) == (
+        "agenet", 6, 3, 3)
+    assert row["weight_bytes"] == weight_bytes("agenet", 0.05) and row["exec_ms"] is None
+    assert report["failed"] == [] and report["scale"] == 0.05
+
+    real_write_zoo = zoo_cli.write_zoo
+
+    def failing_for_sos(store_dir, names, *args, **kwargs):  # a --verify mismatch on sos
+        if list(names) == ["sos"]:
+            raise RunFailed("--verify failed for network 'sos'")
+        return real_write_zoo(store_dir, names, *args, **kwargs)
+
+    monkeypatch.setattr(zoo_cli, "write_zoo", failing_for_sos)
+    code = main(["zoo", "--store", str(store), "--scale", "0.05", "--no-profile", "--json",
+                 "sos", "gendernet"])
+    captured = capsys.readouterr()
+    assert code == 1
+    report = json.loads(captured.out)
+    assert [r["name"] for r in report["networks"]] == ["gendernet"]  # built despite sos
+    assert report["failed"] == [{"name": "sos", "error": "--verify failed for network 'sos'"}]
+    assert "sos: --verify failed" in captured.err and "Traceback" not in captured.err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["resnet"], "unknown network"),
     (["--scale", "0", "agenet"], "0 < S <= 1"),

@@ -1,8 +1,15 @@
-"""The `masa` command: one argparse parser, subcommands registered by their modules.
+"""The `masa` command: one argparse parser whose subcommands are imported only when chosen.
 
-Each command module exposes `register(subparsers)`, which adds its parser and
-sets `handler` (a function of the parsed arguments returning an exit code).
-User errors (`UserError`) print one line on stderr and exit 2, no traceback.
+Each command module exposes `register(subparsers)`, which adds its parsers
+and sets `handler` (a function of the parsed arguments returning an exit
+code). `masa --help` lists every command from the table below without
+importing any of them, and `masa run ...` imports the run module alone: a
+device's run path never loads OR-Tools, onnx or matplotlib.
+
+Exit codes, the same for every command: 0 ok; 1 ran but something failed (a
+job, a verification mismatch, no schedule found); 2 bad usage or input (one
+line on stderr, no traceback); 3 internal error (one line; the traceback with
+--debug); 130/143 interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,24 +19,31 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from masa import __version__
 from masa.common.errors import UserError
 
-# Modules that register a subcommand, in the order `masa --help` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "model_prep.prepare_cli",
-    "workloads.zoo_cli",
-    "model_prep.profile_cli",
-    "workloads.workload_cli",
-    "masa.cli.run",
-    "masa.cli.demo",
-    "solver.cli",
-)
+# command -> (module that registers it, one-line help), in `masa --help` order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("model_prep.prepare_cli", "split an ONNX model into stages and profile them"),
+    "verify": ("model_prep.prepare_cli", "check a prepared network against its source model"),
+    "zoo": ("workloads.zoo_cli", "prepare replicas of the paper's nine networks"),
+    "profile": ("model_prep.profile_cli", "(re)profile every stage of a prepared network"),
+    "workload": ("workloads.workload_cli", "validate workloads, list jobs and scenarios"),
+    "run": ("masa.cli.run", "run a workload under one policy"),
+    "compare": ("masa.cli.run", "run a workload under several policies and compare"),
+    "infer": ("masa.cli.run", "run one network on one input through the layer scheduler"),
+    "demo": ("masa.cli.demo", "prepare a scaled zoo and compare the policies on it"),
+    "optimal": ("solver.cli", "optimal schedule (CP-SAT) vs the heuristic on an instance"),
+}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (all of them when None)."""
     parser = argparse.ArgumentParser(
         prog="masa",
         description="Memory-aware multi-DNN inference on small edge devices.",
@@ -38,44 +52,79 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--debug", action="store_true",
+                        help="debug log and full tracebacks of internal errors")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    modules = ({COMMANDS[command][0]} if command in COMMANDS
+               else {module for module, _ in COMMANDS.values()} if command is None else set())
+    registered: set[str] = set()
+    for name, (module, help_text) in COMMANDS.items():
+        if module in modules:
+            if module not in registered:
+                registered.add(module)
+                importlib.import_module(module).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def configure_logging(verbose: int, quiet: bool) -> None:
-    level = logging.WARNING if quiet else logging.DEBUG if verbose >= 2 else logging.INFO
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (the first word that is one), if any."""
+    for word in argv:
+        if word in COMMANDS:
+            return word
+        if not word.startswith("-"):
+            return None
+    return None
+
+
+def configure_logging(verbose: int, quiet: bool, debug: bool = False) -> None:
+    level = (logging.WARNING if quiet else logging.DEBUG if verbose >= 2 or debug
+             else logging.INFO)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
 
 
 def run_handler(parser: argparse.ArgumentParser, args: argparse.Namespace, prog: str) -> int:
-    """Call the chosen handler; turn user errors into one line and exit code 2."""
+    """Call the chosen handler and map every outcome to the exit-code convention."""
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(handler(args) or 0)
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (`masa-optimal ... | head`): not an error of ours.
+        # The reader went away (`masa optimal ... | head`): not an error of ours.
         # Point stdout at devnull so the interpreter's final flush stays quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
+    except Exception as error:  # a bug: one line, the traceback only when asked for
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"{prog}: internal error: {type(error).__name__}: {error} "
+              "(run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.verbose, args.quiet)
-    return run_handler(parser, args, "masa")
+def main(argv: Sequence[str] | None = None, prog: str = "masa") -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_chosen_command(words))
+    parser.prog = prog
+    args = parser.parse_args(words)
+    configure_logging(args.verbose, args.quiet, args.debug)
+    return run_handler(parser, args, prog)
+
+
+def optimal_main(argv: Sequence[str] | None = None) -> int:
+    """`masa-optimal ARGS` is exactly `masa optimal ARGS`."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return main(["optimal", *words])
 
 
 if __name__ == "__main__":

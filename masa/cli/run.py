@@ -1,62 +1,61 @@
-"""`masa run`, `masa compare` and `masa infer`: running workloads from the command line."""
+"""`masa run`, `masa compare` and `masa infer`: running workloads from the command line.
+
+Registering the parsers imports only argparse and the policy registry, so
+`masa run --help` stays small; a handler imports the runtime (ONNX Runtime)
+when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import io
-import logging
+import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from masa.common.argtypes import memory_size, positive_int
 from masa.common.atomic import atomic_save_png, atomic_write_bytes
 from masa.common.errors import UserError
-from masa.common.units import format_bytes, parse_memory_bytes
-from masa.report.report import format_table, write_json
-from masa.runtime.runner import (
-    POLICIES,
-    PreparedRun,
-    RunOutcome,
-    RunSettings,
-    execute,
-    outcome_report,
-    outcome_trace,
-    prepare_run,
-)
-from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
-from masa.sched.jobs import JobSpec, build_job_graph, group_id
-from model_prep.manifest import load_store_network
-from model_prep.verify import bind_feeds, load_feeds
+from masa.common.units import format_bytes
+from masa.runtime.registry import POLICY_NAMES
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    import numpy as np
+
+    from masa.runtime.runner import PreparedRun, RunOutcome, RunSettings
+
+MEMORY_SOURCES = ("model", "measured")
+CONTEXT_MODES = ("oblivious", "wait", "preempt")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, type=Path,
                         help="store of prepared networks (masa prepare / masa zoo)")
-    parser.add_argument("--memory", default="512MiB",
-                        help="memory budget, e.g. 512MiB, 1GiB (default 512MiB)")
-    parser.add_argument("--workers", type=int, default=2, help="worker threads (default 2)")
-    parser.add_argument("--context", default="oblivious",
-                        choices=("oblivious", "wait", "preempt"),
+    parser.add_argument("--memory", type=memory_size, default=memory_size("512MiB"),
+                        help="memory budget, a size with a unit: 512MiB, 1GiB (default 512MiB)")
+    parser.add_argument("--workers", type=positive_int, default=2,
+                        help="worker threads (default 2)")
+    parser.add_argument("--context", default="oblivious", choices=CONTEXT_MODES,
                         help="context-aware execution (default oblivious)")
     parser.add_argument("--simulate", action="store_true",
                         help="discrete-event simulation with the profiled durations")
     parser.add_argument("--memory-source", default="model", choices=MEMORY_SOURCES,
                         help="free memory from the ledger only (model) or reconciled "
                              "with measured process memory (measured)")
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="run only the first N jobs of the workload")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="number of jobs: run only the first N of the workload")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as one JSON document instead of tables")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
         "run", help="run a workload under one policy",
         description="Run a workload (YAML file or packaged scenario name) and write a "
-                    "report and a Chrome trace.")
+                    "report and a Chrome trace. Exit 1 when a job failed.")
     run.add_argument("workload", help="workload YAML, or a packaged scenario name")
-    run.add_argument("--policy", default="masa", choices=POLICIES)
+    run.add_argument("--policy", default="masa", choices=POLICY_NAMES)
     _add_run_options(run)
     run.add_argument("--report", type=Path, help="write the report JSON here")
     run.add_argument("--trace", type=Path, help="write a Chrome trace (Perfetto) here")
@@ -65,40 +64,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compare = subparsers.add_parser(
         "compare", help="run a workload under several policies and compare",
         description="Run the same workload under each policy; print one table with "
-                    "Masa's relative gains.")
+                    "Masa's relative gains. Exit 1 when a job failed under any policy.")
     compare.add_argument("workload", help="workload YAML, or a packaged scenario name")
     compare.add_argument("--policies", default="masa,bulk,deepeye",
                          help="comma-separated policies (default masa,bulk,deepeye)")
     _add_run_options(compare)
-    compare.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    compare.add_argument("--plot", type=Path,
+                         help="write a PNG bar chart here (needs masa[plot])")
     compare.add_argument("--report", type=Path, help="write all reports as one JSON here")
     compare.set_defaults(handler=compare_command)
 
     infer = subparsers.add_parser(
         "infer", help="run one network on one input through the layer scheduler",
         description="Run one prepared network on an input (.npy for a single-input "
-                    "network, .npz with named arrays otherwise) and write its outputs.")
+                    "network, .npz with named arrays otherwise) and write its outputs. "
+                    "Exit 1 when the network failed.")
     infer.add_argument("--store", required=True, type=Path)
     infer.add_argument("--model", required=True, help="network name in the store")
     infer.add_argument("--input", required=True, type=Path, help=".npy or .npz input")
     infer.add_argument("--out", required=True, type=Path, help=".npz file for the outputs")
-    infer.add_argument("--policy", default="masa", choices=POLICIES)
-    infer.add_argument("--memory", default="256MiB", help="memory budget (default 256MiB)")
-    infer.add_argument("--workers", type=int, default=1)
+    infer.add_argument("--policy", default="masa", choices=POLICY_NAMES)
+    infer.add_argument("--memory", type=memory_size, default=memory_size("256MiB"),
+                       help="memory budget, a size with a unit (default 256MiB)")
+    infer.add_argument("--workers", type=positive_int, default=1)
+    infer.add_argument("--json", action="store_true",
+                       help="print the outputs' names, dtypes and shapes as JSON")
     infer.set_defaults(handler=infer_command)
 
 
 def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
+    from masa.runtime.runner import RunSettings
+
     settings = RunSettings(policy=policy, workers=args.workers,
-                           memory_budget_bytes=parse_memory_bytes(args.memory, "--memory"),
+                           memory_budget_bytes=args.memory,
                            memory_source=getattr(args, "memory_source", "model"))
     settings.check()
     return settings
 
 
 def _prepare(args: argparse.Namespace) -> PreparedRun:
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError(f"--jobs: expected a positive integer, got {args.jobs}")
+    from masa.runtime.runner import prepare_run
+
     return prepare_run(args.workload, args.store, args.context, job_limit=args.jobs)
 
 
@@ -108,15 +114,26 @@ def _describe(outcome: RunOutcome) -> str:
             f"memory budget {format_bytes(outcome.settings.memory_budget_bytes)}")
 
 
+def _print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+
+
 def run_command(args: argparse.Namespace) -> int:
+    from masa.report.report import format_table, outcome_report, outcome_trace, write_json
+    from masa.runtime.runner import execute
+
     settings = _settings(args, args.policy)
     prepared = _prepare(args)
     outcome = execute(prepared, settings, simulate=args.simulate)
     report = outcome_report(outcome, {"workload": str(args.workload)})
-    print(_describe(outcome))
-    print(format_table(report))
-    for group, error in sorted(outcome.errors.items()):
-        print(f"failed: {group}: {error}")
+    if args.json:
+        _print_json(report)
+    else:
+        print(_describe(outcome))
+        print(format_table(report))
+        for group, error in sorted(outcome.errors.items()):
+            print(f"failed: {group}: {error}")
     if args.report:
         write_json(args.report, report)
     if args.trace:
@@ -153,22 +170,30 @@ def _ms(value_us: float | None) -> str:
     return "-" if value_us is None else f"{value_us / 1000:.1f}"
 
 
-def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    """Bar chart: mean and p95 response per policy, and peak reserved memory."""
-    import matplotlib
-
+def _pyplot() -> Any:
+    """matplotlib's pyplot (Agg), or a one-line error naming the extra to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install 'masa[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Bar chart: mean and p95 response per policy, and peak reserved memory."""
+    plt = _pyplot()
     policies = list(reports)
     means = [(reports[p]["summary"]["response_us"]["mean"] or 0) / 1000 for p in policies]
     p95s = [(reports[p]["summary"]["response_us"]["p95"] or 0) / 1000 for p in policies]
     peaks = [reports[p]["summary"]["peak_reserved_bytes"] / 2**20 for p in policies]
     budget_mib = next(iter(reports.values()))["memory_budget_bytes"] / 2**20
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    x = np.arange(len(policies))
-    left.bar(x - 0.2, means, 0.4, label="mean")
-    left.bar(x + 0.2, p95s, 0.4, label="p95")
+    x = list(range(len(policies)))
+    left.bar([i - 0.2 for i in x], means, 0.4, label="mean")
+    left.bar([i + 0.2 for i in x], p95s, 0.4, label="p95")
     left.set_xticks(x, policies)
     left.set_ylabel("job response time (ms)")
     left.legend()
@@ -183,12 +208,22 @@ def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) 
     plt.close(figure)
 
 
-def compare_command(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+def parse_policies(text: str) -> list[str]:
+    policies = [p.strip() for p in text.split(",") if p.strip()]
     for policy in policies:
-        if policy not in POLICIES:
-            raise UserError(f"--policies: expected names from {', '.join(POLICIES)}, "
+        if policy not in POLICY_NAMES:
+            raise UserError(f"--policies: expected names from {', '.join(POLICY_NAMES)}, "
                             f"got {policy!r}")
+    if not policies:
+        raise UserError("--policies: expected at least one policy name")
+    return policies
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from masa.report.report import outcome_report, write_json
+    from masa.runtime.runner import execute
+
+    policies = parse_policies(args.policies)
     prepared = _prepare(args)
     reports: dict[str, dict[str, Any]] = {}
     description = ""
@@ -196,42 +231,42 @@ def compare_command(args: argparse.Namespace) -> int:
         outcome = execute(prepared, _settings(args, policy), simulate=args.simulate)
         reports[policy] = outcome_report(outcome, {"workload": str(args.workload)})
         description = _describe(outcome)
-    print(f"{args.workload}: {description}")
-    print(compare_reports(reports))
+    document = {"workload": str(args.workload), "reports": reports}
+    if args.json:
+        _print_json(document)
+    else:
+        print(f"{args.workload}: {description}")
+        print(compare_reports(reports))
     if args.plot:
         plot_comparison(reports, args.plot, f"{args.workload}: {description}")
     if args.report:
-        write_json(args.report, {"workload": str(args.workload), "reports": reports})
-    return 0
-
-
-def run_network(store: Path, name: str, feeds: dict[str, np.ndarray], settings: RunSettings
-                ) -> dict[str, np.ndarray]:
-    """One network, one input, through the layer scheduler (real executor)."""
-    manifest = load_store_network(store, name)
-    bound = bind_feeds(manifest, feeds)
-    job = JobSpec(job_id=0, arrival_us=0, networks=(name,))
-    graph = build_job_graph(job, {name: manifest}, [name])
-    executor = RealExecutor(
-        graph, {name: manifest}, {0: 0}, lambda job_id, network, upstream: bound,
-        RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
-                      policy=settings.policy),
-    )
-    result = executor.run()
-    group = group_id(0, name)
-    if result.group_status.get(group) != "done":
-        raise UserError(f"network {name!r} failed: {result.errors.get(group, 'unknown error')}")
-    return result.outputs[group]
+        write_json(args.report, document)
+    return 1 if any(r["summary"]["jobs_failed"] for r in reports.values()) else 0
 
 
 def infer_command(args: argparse.Namespace) -> int:
-    settings = RunSettings(policy=args.policy, workers=args.workers,
-                           memory_budget_bytes=parse_memory_bytes(args.memory, "--memory"))
-    settings.check()
-    outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
+    import numpy as np
+
+    from masa.runtime.runner import NetworkFailed, run_network
+    from model_prep.feeds import load_feeds
+
+    settings = _settings(args, args.policy)
+    try:
+        outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
+    except NetworkFailed as failure:
+        print(f"masa: {failure}", file=sys.stderr)
+        return 1
     buffer = io.BytesIO()
     np.savez(buffer, **outputs)
     atomic_write_bytes(args.out, buffer.getvalue())
+    _print_outputs(outputs, args.json)
+    return 0
+
+
+def _print_outputs(outputs: dict[str, np.ndarray], as_json: bool) -> None:
+    if as_json:
+        _print_json({"outputs": {name: {"dtype": str(value.dtype), "shape": list(value.shape)}
+                                 for name, value in outputs.items()}})
+        return
     for name, value in outputs.items():
         print(f"{name}: {value.dtype} {'x'.join(map(str, value.shape))}")
-    return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from masa.common.units import format_bytes
 from masa.sched.checker import memory_profile
 from masa.sched.core import OverCommit
 from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
+
+if TYPE_CHECKING:  # only the type: importing the runner would load ONNX Runtime
+    from masa.runtime.runner import RunOutcome
 
 REPORT_FORMAT = 1
 NETWORK_STATUSES = ("done", "failed", "skipped", "aborted")
@@ -304,3 +307,33 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"utilisation {100 * overall['worker_utilisation']:.0f}%, "
         f"over-commits {overall['over_commits']}")
     return "\n".join(lines)
+
+
+def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None) -> dict:
+    """The report dict (masa.report.report) of a run."""
+    settings = outcome.settings
+    measured = [(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None]
+    return build_report(
+        outcome.graph, outcome.schedule,
+        workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
+        policy=settings.policy,
+        job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
+        network_status=outcome.network_status, network_reason=outcome.network_reason,
+        measured_memory=measured,
+        over_commits=outcome.over_commits,
+        meta={"context": outcome.context, "simulated": outcome.simulated,
+              "memory_source": settings.memory_source, "errors": outcome.errors,
+              **dict(meta or {})},
+    )
+
+
+def outcome_trace(outcome: RunOutcome) -> dict:
+    """The Chrome trace (masa.report.report) of a run."""
+    settings = outcome.settings
+    return chrome_trace(
+        outcome.graph, outcome.schedule, workers=settings.workers,
+        memory_budget_bytes=settings.memory_budget_bytes,
+        measured_memory=[(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None],
+        over_commits=outcome.over_commits,
+        job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
+    )

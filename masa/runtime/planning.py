@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from masa.runtime.virtual import simulate_graph
 from masa.sched.core import SchedulerState, TaskInfo, TaskState
 from masa.sched.policies import MasaPolicy, _Entry
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
@@ -179,8 +180,6 @@ def initial_orders(graph: TaskGraph) -> list[list[str]]:
 
 def _cost(graph: TaskGraph, order: Sequence[str], workers: int, memory_bytes: int,
           strict_loads: bool) -> int:
-    from masa.runtime.virtual import simulate_graph  # here: the simulator imports the core
-
     rank = {task_id: index for index, task_id in enumerate(order)}
     result = simulate_graph(graph, policy=RankedPolicy(rank, strict_loads), workers=workers,
                             memory_budget_bytes=memory_bytes)

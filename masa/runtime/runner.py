@@ -21,18 +21,17 @@ from pathlib import Path
 import numpy as np
 
 from masa.common.errors import UserError
-from masa.report.report import build_report, chrome_trace
-from masa.runtime.registry import POLICY_NAMES
+from masa.runtime.registry import POLICY_NAMES, make_policy
 from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
-from masa.runtime.virtual import SimulationControl, simulate_graph
+from masa.runtime.virtual import simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
-from masa.sched.core import GroupStatus, OverCommit
-from masa.sched.jobs import build_workload_graph, group_id
+from masa.sched.core import OverCommit
+from masa.sched.jobs import JobSpec, build_job_graph, build_workload_graph, group_id
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
+from model_prep.feeds import bind_feeds
 from model_prep.manifest import NetworkManifest, load_store_network
 from workloads.conditions import TENSOR_PREDICATE_KINDS
 from workloads.schema import (
-    JobSpec,
     Workload,
     generate_jobs,
     load_workload,
@@ -198,18 +197,10 @@ def execute(prepared: PreparedRun, settings: RunSettings, *, simulate: bool) -> 
 
 def _simulate(prepared: PreparedRun, settings: RunSettings,
               controller: ContextController | None) -> RunOutcome:
-    hook = None
-    gated: list[str] = []
-    if controller is not None:
-        for job in prepared.jobs:
-            gated += controller.register_job(job.job_id, job.networks)
-
-        def hook(control: SimulationControl, group: str, status: GroupStatus) -> None:
-            controller.group_ended(group, status, control)
-
-    result = simulate_graph(prepared.graph, policy=settings.policy, workers=settings.workers,
+    result = simulate_graph(prepared.graph, policy=make_policy(settings.policy),
+                            workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
-                            on_group_end=hook, gated_groups=gated)
+                            driver_options={"context": controller})
     status = {
         group: controller.network_status(group, value) if controller else value
         for group, value in result.group_status.items()
@@ -234,14 +225,12 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         return network_inputs(workload, manifests[network], job_id, upstream_outputs)
 
     executor = RealExecutor(
-        prepared.graph, manifests, {job.job_id: job.arrival_us for job in prepared.jobs},
-        inputs_for,
+        prepared.graph, manifests, inputs_for,
         RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
                       policy=settings.policy, memory_source=settings.memory_source,
                       intra_op_threads=settings.intra_op_threads,
                       keep_outputs=settings.keep_outputs),
         context=controller,
-        job_networks={job.job_id: job.networks for job in prepared.jobs},
     )
     result = executor.run()
     return RunOutcome(
@@ -250,7 +239,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         network_reason=result.group_reason, over_commits=result.over_commits,
         peak_reserved_bytes=result.peak_reserved_bytes,
         final_reserved_bytes=result.final_reserved_bytes,
-        memory_timeline=[(t, reserved, rss - result.baseline_rss_bytes)
+        memory_timeline=[(t, reserved, None if rss is None else rss - result.baseline_rss_bytes)
                          for t, reserved, rss in result.memory_timeline],
         peak_measured_bytes=result.peak_rss_bytes - result.baseline_rss_bytes,
         live_sessions_after=result.live_sessions_after,
@@ -259,31 +248,25 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
     )
 
 
-def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None) -> dict:
-    """The report dict (masa.report.report) of a run."""
-    settings = outcome.settings
-    measured = [(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None]
-    return build_report(
-        outcome.graph, outcome.schedule,
-        workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
-        policy=settings.policy,
-        job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
-        network_status=outcome.network_status, network_reason=outcome.network_reason,
-        measured_memory=measured,
-        over_commits=outcome.over_commits,
-        meta={"context": outcome.context, "simulated": outcome.simulated,
-              "memory_source": settings.memory_source, "errors": outcome.errors,
-              **dict(meta or {})},
-    )
+class NetworkFailed(RuntimeError):
+    """One network run through the layer scheduler did not complete (exit code 1)."""
 
 
-def outcome_trace(outcome: RunOutcome) -> dict:
-    """The Chrome trace (masa.report.report) of a run."""
-    settings = outcome.settings
-    return chrome_trace(
-        outcome.graph, outcome.schedule, workers=settings.workers,
-        memory_budget_bytes=settings.memory_budget_bytes,
-        measured_memory=[(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None],
-        over_commits=outcome.over_commits,
-        job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
+def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
+                settings: RunSettings) -> dict[str, np.ndarray]:
+    """One network, one input, through the layer scheduler (real executor)."""
+    manifest = load_store_network(store, name)
+    bound = bind_feeds(manifest, dict(feeds))
+    job = JobSpec(job_id=0, arrival_us=0, networks=(name,))
+    graph = build_job_graph(job, {name: manifest}, [name])
+    executor = RealExecutor(
+        graph, {name: manifest}, lambda job_id, network, upstream: bound,
+        RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
+                      policy=settings.policy, memory_source=settings.memory_source),
     )
+    result = executor.run()
+    group = group_id(0, name)
+    if result.group_status.get(group) != "done":
+        raise NetworkFailed(f"network {name!r} failed: "
+                            f"{result.errors.get(group, 'unknown error')}")
+    return result.outputs[group]

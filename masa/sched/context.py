@@ -165,6 +165,13 @@ class ContextController:
         in_job = self.job_networks.get(job_id, ())
         return [up for up in self.upstreams.get(network, ()) if up in in_job]
 
+    def forget_job(self, job_id: int) -> None:
+        """Drop what is kept about an ended job (a long-running service calls this)."""
+        for network in self.job_networks.pop(job_id, ()):
+            group = group_id(job_id, network)
+            self.outcome.pop(group, None)
+            self.ended.pop(group, None)
+
     def network_status(self, group: str, core_status: str) -> str:
         """done / failed / skipped / aborted / cancelled, for reports."""
         return self.outcome.get(group, core_status)
