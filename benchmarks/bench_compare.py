@@ -50,7 +50,9 @@ from masa.runtime.runner import (
 )
 from masa.sched.jobs import JobSpec, network_time_us
 from workloads.arrivals import US_PER_S, with_rate
-from workloads.schema import Workload, generate_jobs, load_workload, scenario_path
+from workloads.generation import generate_jobs, scenario_path
+from workloads.loader import load_workload
+from workloads.model import Workload
 
 SCENARIOS = ("small", "mixed", "lifelogging", "stochastic1", "stochastic2")
 POLICIES = ("masa", "bulk", "deepeye")

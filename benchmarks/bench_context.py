@@ -51,7 +51,7 @@ from bench_compare import (
 from masa.common.atomic import atomic_write_bytes, atomic_write_text
 from masa.common.units import parse_memory_bytes
 from masa.runtime.runner import prepare_run
-from workloads.schema import scenario_path, with_label_probability
+from workloads.generation import scenario_path, with_label_probability
 
 SCENARIOS = ("light", "heavy")
 PROBABILITIES = (0.0, 0.25, 0.5, 0.75, 1.0)

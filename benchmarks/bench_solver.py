@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from masa.common.atomic import atomic_write_text
-from solver.cli import Evaluation, check, evaluate, run_heuristic, write_gantt
+from solver.evaluation import Evaluation, check, evaluate, run_heuristic
+from solver.gantt import write_gantt
 from solver.instance import Instance, RandomSpec, random_instance
-from solver.model import SolveOptions, schedule_makespan
+from solver.options import SolveOptions
+from solver.schedules import schedule_makespan
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RESULTS = DOCS / "bench-solver.json"  # raw figures, so sections can be rerun separately
@@ -321,7 +323,7 @@ def _scaling_md(data: dict[str, Any]) -> list[str]:
              "rules and forward-backward improvement, the best one checked by "
              "masa.sched.checker), symmetry breaking, conflict-clique no-overlaps, energy and "
              "release bounds, stronger cumulative propagation, decomposition by release "
-             "time, and up to 128 tasks (solver.model.PROOF_MAX_TASKS) backward set-times "
+             "time, and up to 128 tasks (solver.search.PROOF_MAX_TASKS) backward set-times "
              "search and lower-bound probing; `forward` = the same without backward search "
              "and probing (set-times search forward up to 64 tasks, CP-SAT's default "
              "portfolio above: the solver before them); `plain` = the heuristic's (or a "
@@ -484,7 +486,7 @@ DISCUSSION: list[str] = [
     "in 0.7-7 s each and a schedule of the optimum 298 found in 10-23 s over five "
     "CP-SAT seeds, where minimising proved 298 once, after 99 s. One unit at a "
     "time, not bisecting: a deadline above the optimum (299) was not met faster. "
-    "Both apply up to 128 tasks (solver.model.PROOF_MAX_TASKS); above, no probe "
+    "Both apply up to 128 tasks (solver.search.PROOF_MAX_TASKS); above, no probe "
     "settles and backward search found worse schedules (one 60-s run each: 168 "
     "tasks 677 against 656, 240 tasks 1013 against 983), so larger instances keep "
     "the forward configuration (set-times forward up to 64 tasks, CP-SAT's "

@@ -41,16 +41,11 @@ import onnxruntime as ort
 from onnx import helper
 
 from masa.common.errors import UserError
+from model_prep.errors import one_line
 from model_prep.manifest import OrtOptimization
 from model_prep.session import session_options
-
-# model_prep.split imports this module only inside split_model, so no cycle.
-from model_prep.split import (
-    DEFAULT_EXTERNAL_DATA_BYTES,
-    apply_input_shapes,
-    infer_types,
-    one_line,
-)
+from model_prep.shapes import apply_input_shapes, infer_types
+from model_prep.stage_files import DEFAULT_EXTERNAL_DATA_BYTES
 
 
 def current_optimization() -> OrtOptimization:

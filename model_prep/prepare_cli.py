@@ -2,14 +2,18 @@
 
 This module owns the store side of preparation: `prepare_network` splits the
 model (model_prep.split), optionally verifies the stages against the whole
-model (model_prep.verify) and profiles them (model_prep.profile, imported
-lazily), all inside a temporary directory in the store, and only then renames
-that directory to `DIR/NAME`. With `--ort-optimize` the ONNX Runtime-optimised
+model (model_prep.verify) and profiles them (model_prep.profile), all inside a
+temporary directory in the store, and only then renames that directory to
+`DIR/NAME`. With `--ort-optimize` the ONNX Runtime-optimised
 model the stages are cut from (model_prep.optimize) is made in that temporary
 directory too, beside the network directory, and never reaches the store.
 A failed or interrupted prepare therefore leaves the store as it was; an
 existing network of the same name is replaced only once the new one is
 complete.
+
+The two commands follow model_prep.cli_common's exit codes (a verification
+mismatch or ONNX Runtime failing while verifying is 1, bad input 2) and print
+one JSON document with `--json`.
 """
 
 from __future__ import annotations
@@ -26,23 +30,28 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from masa.common.errors import UserError
 from masa.common.progress import ProgressBar
 from masa.common.units import parse_memory_bytes
-from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
-from model_prep.split import (
-    DEFAULT_MAX_CUT_TENSORS,
-    check_model_file,
-    check_network_name,
-    default_network_name,
-    parse_input_shape,
-    split_model,
-    stage_summary,
+from model_prep.cli_common import add_json_flag, exit_codes, print_json
+from model_prep.feeds import bind_feeds, load_feeds
+from model_prep.manifest import (
+    MANIFEST_NAME,
+    NetworkManifest,
+    load_manifest,
+    manifest_to_dict,
+    write_manifest,
 )
-from model_prep.verify import VerifyResult, bind_feeds, load_feeds, verify_network
+from model_prep.planner import DEFAULT_MAX_CUT_TENSORS
+from model_prep.profile import profile_network
+from model_prep.shapes import parse_input_shape
+from model_prep.split import check_model_file, check_network_name, default_network_name, split_model
+from model_prep.summary import stage_summary
+from model_prep.verify import VerifyMismatch, VerifyResult, verify_network
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +89,8 @@ def prepare_network(
     name defaults to the model file's stem. ort_optimize: cut ONNX Runtime's
     optimised graph (see model_prep.optimize); verify still compares with the
     original model. show_progress: None draws a bar when stderr is a terminal.
-    Raises UserError on bad input or a failed verify, leaving the store
+    Raises UserError on bad input, and its subclass RunFailed when verify or
+    profiling fails (VerifyMismatch for a mismatch), leaving the store
     untouched.
     """
     model_path = check_model_file(model_path)  # before the store is created
@@ -111,9 +121,6 @@ def prepare_network(
         profile_time_s = None
         if profile:
             started_s = time.perf_counter()
-            # Lazy: profiling pulls in multiprocessing workers nobody else needs.
-            from model_prep.profile import profile_network
-
             kwargs = {} if profile_runs is None else {"runs": profile_runs}
             with ProgressBar(f"profile {name}", enabled=show_progress) as bar:
                 profiles, runtime_base = profile_network(manifest, progress=bar, **kwargs)
@@ -231,6 +238,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "per stage, but the stage files suit only this onnxruntime "
                              "version and machine type; a dynamic input dim usually needs "
                              "--input-shape then")
+    add_json_flag(parser, "the prepared network (its manifest, timings, verify result)")
     parser.set_defaults(handler=_prepare_command)
 
     verify_parser = subparsers.add_parser(
@@ -247,9 +255,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify_parser.add_argument("--input", metavar="X.npy|X.npz",
                                help="compare on this input instead of a random one")
     verify_parser.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    add_json_flag(verify_parser, "the comparison of every output")
     verify_parser.set_defaults(handler=_verify_command)
 
 
+@exit_codes
 def _prepare_command(args: argparse.Namespace) -> int:
     input_shapes: dict[str, list[int | str]] = {}
     for text in args.input_shape:
@@ -259,18 +269,46 @@ def _prepare_command(args: argparse.Namespace) -> int:
         input_shapes[input_name] = dims
     if args.runs is not None and args.runs < 1:
         raise UserError(f"--runs: expected a positive integer, got {args.runs}")
-    show_progress = False if getattr(args, "quiet", False) else None
+    quiet = bool(getattr(args, "quiet", False))
     feeds = load_feeds(args.verify_input) if args.verify_input else None
-    prepared = prepare_network(
-        args.model, args.store, args.name, input_shapes,
-        profile=not args.no_profile, profile_runs=args.runs,
-        verify=args.verify or feeds is not None, seed=args.seed, verify_feeds=feeds,
-        max_cut_tensors=args.max_cut_tensors,
-        min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
-        ort_optimize=args.ort_optimize, show_progress=show_progress,
-    )
+    try:
+        prepared = prepare_network(
+            args.model, args.store, args.name, input_shapes,
+            profile=not args.no_profile, profile_runs=args.runs,
+            verify=args.verify or feeds is not None, seed=args.seed, verify_feeds=feeds,
+            max_cut_tensors=args.max_cut_tensors,
+            min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
+            ort_optimize=args.ort_optimize, show_progress=False if quiet else None,
+        )
+    except VerifyMismatch as mismatch:
+        if args.json:
+            print_json({"name": mismatch.result.network, "prepared": False,
+                        "verify": mismatch.result.to_dict()})
+        raise
+    if args.json:
+        print_json(_prepared_document(prepared))
+    else:
+        _print_prepared(prepared, quiet)
+    return 0
+
+
+def _prepared_document(prepared: PreparedNetwork) -> dict[str, Any]:
     manifest = prepared.manifest
-    if not getattr(args, "quiet", False):
+    return {
+        "name": manifest.name,
+        "prepared": True,
+        "directory": str(manifest.directory),
+        "stage_count": len(manifest.stages),
+        "split_time_s": prepared.split_time_s,
+        "profile_time_s": prepared.profile_time_s,
+        "verify": prepared.verify.to_dict() if prepared.verify is not None else None,
+        "manifest": manifest_to_dict(manifest),
+    }
+
+
+def _print_prepared(prepared: PreparedNetwork, quiet: bool) -> None:
+    manifest = prepared.manifest
+    if not quiet:
         for line in stage_summary(manifest):
             print(line)
         for stage in manifest.stages:
@@ -287,16 +325,24 @@ def _prepare_command(args: argparse.Namespace) -> int:
               "that version on that machine type")
     if prepared.verify is not None:
         print(prepared.verify.summary())
-    return 0
 
 
+@exit_codes
 def _verify_command(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.network)
     model_path = Path(args.model) if args.model else Path(manifest.source_path)
     if not model_path.is_file():
         raise UserError(f"{model_path}: source model not found (pass --model)")
     feeds = bind_feeds(manifest, load_feeds(args.input)) if args.input else None
-    result = verify_network(manifest, model_path, np.random.default_rng(args.seed), feeds=feeds)
-    print(result.summary())
+    try:
+        result = verify_network(manifest, model_path, np.random.default_rng(args.seed),
+                                feeds=feeds)
+    except VerifyMismatch as mismatch:
+        if args.json:
+            print_json({"model": str(model_path), **mismatch.result.to_dict()})
+        raise
+    if args.json:
+        print_json({"model": str(model_path), **result.to_dict()})
+    else:
+        print(result.summary())
     return 0
-

@@ -5,7 +5,7 @@ method and its caveats). `profile_network` profiles the stages of a prepared
 network one at a time in a fresh worker process and returns one
 `StageProfile` per stage plus the `RuntimeBase` the worker paid once.
 
-Per stage, in the worker:
+Per stage, in the worker (model_prep.profile_worker, which runs there):
 - load peak: `create_session(path)` (file read + session creation) observed
   by both peak methods below; the session is dropped;
 - load time and resident size: one more load that nobody observes (the busy
@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import multiprocessing.connection
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -51,12 +50,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from masa.common.errors import UserError
-from model_prep.manifest import NetworkManifest, RuntimeBase, StageProfile, TensorSpec
+from model_prep.errors import RunFailed
+from model_prep.manifest import NetworkManifest, RuntimeBase, StageProfile
+from model_prep.profile_worker import WORKER_COMMAND, StageJob
 
 log = logging.getLogger(__name__)
 
@@ -69,22 +74,9 @@ _SAMPLE_RING = 1 << 16
 ProgressCallback = Callable[[int, int, str], None]  # (stages done, total, stage id)
 
 
-class ProfileError(UserError):
-    """A stage could not be profiled (bad stage file, worker died): one line, exit 2."""
-
-
-@dataclass(frozen=True)
-class _StageJob:
-    """What the worker needs to profile one stage (picklable, no manifest objects)."""
-
-    stage_id: str
-    path: str
-    inputs: tuple[TensorSpec, ...]
-    runs: int
-    warmup_runs: int
-    seed: tuple[int, int]  # (user seed, stage index): same inputs in either isolation mode
-    sample_attempts: int
-    gap_limit_us: float
+class ProfileError(RunFailed):
+    """A stage could not be profiled (ONNX Runtime failed on it, the worker died): one
+    line, exit 1. Bad arguments to `profile_network` are plain UserErrors (exit 2)."""
 
 
 # ------------------------------------------------------------------ supervisor
@@ -109,7 +101,7 @@ class StatmSampler:
     blocks on an event and uses no CPU.
     """
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int) -> None:
         self._fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
         self._page_bytes = os.sysconf("SC_PAGE_SIZE")
         self._go = threading.Event()
@@ -188,7 +180,7 @@ class StatmSampler:
 class _Worker:
     """One worker process and the supervisor's side of the handshake protocol."""
 
-    def __init__(self, throwaway_path: str, kernel_peak: bool, sample: bool):
+    def __init__(self, throwaway_path: str, kernel_peak: bool, sample: bool) -> None:
         # A plain `python -c` child rather than multiprocessing's spawn: spawn
         # re-imports the caller's __main__ (pytest, a benchmark with onnx...),
         # so the worker's RSS, the runtime base, would depend on the caller.
@@ -199,7 +191,7 @@ class _Worker:
             p for p in (package_root, env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_COMMAND, str(child_sock.fileno()),
+                [sys.executable, "-c", WORKER_COMMAND, str(child_sock.fileno()),
                  throwaway_path, "1" if kernel_peak else "0"],
                 pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL,
             )
@@ -223,7 +215,7 @@ class _Worker:
         self.observed_phases = 0  # sampled loads and execs
         self.gapped_phases = 0  # ... where every attempt had a gap over the limit
 
-    def profile(self, job: _StageJob) -> tuple[StageProfile, bool]:
+    def profile(self, job: StageJob) -> tuple[StageProfile, bool]:
         """Profile one stage; returns its profile and whether VmHWM was exact."""
         self._conn.send(("stage", job, self.sampler is not None))
         phases: dict[str, _PhaseRecord] = {}
@@ -312,7 +304,7 @@ class _PhaseRecord:
 
 
 def _build_profile(
-    measured: dict[str, Any], phases: dict[str, _PhaseRecord], job: _StageJob
+    measured: dict[str, Any], phases: dict[str, _PhaseRecord], job: StageJob
 ) -> StageProfile:
     exact = measured["kernel_peak"]
     figures = {}
@@ -340,10 +332,6 @@ def _build_profile(
 
 def _write_throwaway_model(directory: str) -> str:
     """A tiny Conv+Gemm model for the worker's first session (pays one-time ORT setup)."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(0)
     conv_w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
     gemm_w = rng.standard_normal((4 * 8 * 8, 8), dtype=np.float32)
@@ -392,6 +380,27 @@ def profile_network(
     Returns ({stage id: profile}, runtime base of the worker; the median over
     workers with isolation="process").
     """
+    _check_arguments(runs, warmup_runs, isolation, sample_attempts, kernel_peak, sample)
+    jobs = _stage_jobs(manifest, stage_ids, runs, warmup_runs, seed, sample_attempts,
+                       gap_limit_us)
+    with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
+        throwaway_path = _write_throwaway_model(temp_dir)
+        tally = _profile_jobs(jobs, throwaway_path, isolation, kernel_peak, sample, progress)
+        if not tally.bases:  # nothing to profile: still report what a worker costs
+            worker = _Worker(throwaway_path, kernel_peak, False)
+            tally.bases.append(worker.runtime_base)
+            worker.close()
+    if tally.gapped_phases:
+        # Not a failure: VmHWM is the figure that counts. It says how far the
+        # sampled figures (the paper's method) can be trusted on this machine.
+        log.info("statm sampler: in %d of %d observed loads/execs every attempt had a gap "
+                 "over %.1f ms between samples (busy machine); sampled peaks there may be low",
+                 tally.gapped_phases, tally.observed_phases, gap_limit_us / 1000)
+    return tally.profiles, _median_base(tally.bases)
+
+
+def _check_arguments(runs: int, warmup_runs: int, isolation: str, sample_attempts: int,
+                     kernel_peak: bool, sample: bool) -> None:
     if runs < 1:
         raise UserError(f"profile: --runs expected a positive integer, got {runs}")
     if warmup_runs < 1:
@@ -404,6 +413,12 @@ def profile_network(
                         f"got {sample_attempts}")
     if not kernel_peak and not sample:
         raise UserError("profile: with the kernel peak off, the sampler must be on")
+
+
+def _stage_jobs(manifest: NetworkManifest, stage_ids: Sequence[str] | None, runs: int,
+                warmup_runs: int, seed: int, sample_attempts: int, gap_limit_us: float
+                ) -> list[StageJob]:
+    """One job per selected stage, in manifest order; UserError for unknown or missing ones."""
     stages = list(manifest.stages)
     if stage_ids is not None:
         known = {stage.stage_id for stage in stages}
@@ -421,58 +436,60 @@ def profile_network(
             if not path.is_file():
                 raise UserError(f"{path}: stage file of {manifest.name}/{stage.stage_id} "
                                 "does not exist")
-            jobs.append(_StageJob(stage.stage_id, str(path), stage.inputs, runs, warmup_runs,
-                                  (seed, index), sample_attempts, gap_limit_us))
+            jobs.append(StageJob(stage.stage_id, str(path), stage.inputs, runs, warmup_runs,
+                                 (seed, index), sample_attempts, gap_limit_us))
+    return jobs
 
-    profiles: dict[str, StageProfile] = {}
-    bases: list[RuntimeBase] = []
-    warned = False
-    observed_phases = gapped_phases = 0
-    with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
-        throwaway_path = _write_throwaway_model(temp_dir)
-        worker: _Worker | None = None
-        try:
-            for done, job in enumerate(jobs):
-                if worker is None:
-                    worker = _Worker(throwaway_path, kernel_peak, sample)
-                    bases.append(worker.runtime_base)
-                profile, exact = worker.profile(job)
-                if kernel_peak and not exact and not warned:
-                    log.warning("/proc/self/clear_refs is not permitted here: peak figures "
-                                "fall back to the sampled peak (statm polling), which can "
-                                "miss short spikes")
-                    warned = True
-                profiles[job.stage_id] = profile
-                log.debug("stage %s: %s", job.stage_id, profile)
-                if isolation == "process":
-                    observed_phases += worker.observed_phases
-                    gapped_phases += worker.gapped_phases
-                    worker.close()
-                    worker = None
-                if progress is not None:
-                    progress(done + 1, len(jobs), job.stage_id)
-        except BaseException:
-            if worker is not None:  # possibly mid-stage: do not wait for it
-                worker.close(kill=True)
+
+@dataclass
+class _Tally:
+    """What the workers of one `profile_network` call measured and saw."""
+
+    profiles: dict[str, StageProfile] = field(default_factory=dict)
+    bases: list[RuntimeBase] = field(default_factory=list)
+    observed_phases: int = 0
+    gapped_phases: int = 0
+    warned: bool = False
+
+    def retire(self, worker: _Worker) -> None:
+        """Count what a worker saw, and stop it politely (between stages)."""
+        self.observed_phases += worker.observed_phases
+        self.gapped_phases += worker.gapped_phases
+        worker.close()
+
+
+def _profile_jobs(jobs: list[StageJob], throwaway_path: str, isolation: str,
+                  kernel_peak: bool, sample: bool, progress: ProgressCallback | None
+                  ) -> _Tally:
+    tally = _Tally()
+    worker: _Worker | None = None
+    try:
+        for done, job in enumerate(jobs):
+            if worker is None:
+                worker = _Worker(throwaway_path, kernel_peak, sample)
+                tally.bases.append(worker.runtime_base)
+            profile, exact = worker.profile(job)
+            if kernel_peak and not exact and not tally.warned:
+                log.warning("/proc/self/clear_refs is not permitted here: peak figures "
+                            "fall back to the sampled peak (statm polling), which can "
+                            "miss short spikes")
+                tally.warned = True
+            tally.profiles[job.stage_id] = profile
+            log.debug("stage %s: %s", job.stage_id, profile)
+            if isolation == "process":
+                tally.retire(worker)
                 worker = None
-            raise
-        finally:
-            if worker is not None:
-                observed_phases += worker.observed_phases
-                gapped_phases += worker.gapped_phases
-                worker.close()
-    if gapped_phases:
-        # Not a failure: VmHWM is the figure that counts. It says how far the
-        # sampled figures (the paper's method) can be trusted on this machine.
-        log.info("statm sampler: in %d of %d observed loads/execs every attempt had a gap "
-                 "over %.1f ms between samples (busy machine); sampled peaks there may be low",
-                 gapped_phases, observed_phases, gap_limit_us / 1000)
-    if not bases:  # nothing to profile: still report what a worker costs
-        with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
-            worker = _Worker(_write_throwaway_model(temp_dir), kernel_peak, False)
-            bases.append(worker.runtime_base)
-            worker.close()
-    return profiles, _median_base(bases)
+            if progress is not None:
+                progress(done + 1, len(jobs), job.stage_id)
+    except BaseException:
+        if worker is not None:  # possibly mid-stage: do not wait for it
+            worker.close(kill=True)
+            worker = None
+        raise
+    finally:
+        if worker is not None:
+            tally.retire(worker)
+    return tally
 
 
 def _median_base(bases: list[RuntimeBase]) -> RuntimeBase:
@@ -483,197 +500,3 @@ def _median_base(bases: list[RuntimeBase]) -> RuntimeBase:
     )
 
 
-# ---------------------------------------------------------------------- worker
-# Everything below runs in the worker process. It imports only numpy,
-# onnxruntime and masa's session/procmem helpers, so the runtime base is what
-# an executor's worker pays, not what the preparator (onnx, yaml) pays.
-
-
-_WORKER_COMMAND = ("import sys; from model_prep.profile import _worker_entry; "
-                   "_worker_entry(sys.argv[1:])")
-
-
-def _worker_entry(argv: list[str]) -> None:
-    """`python -c` entry point: argv is (socket fd, throwaway model path, kernel peak 0/1)."""
-    # Ctrl-C is the supervisor's to handle: it closes or kills this worker.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn = multiprocessing.connection.Connection(int(argv[0]))
-    try:
-        _worker_main(conn, argv[1], argv[2] == "1")
-    except (EOFError, OSError):
-        pass  # the supervisor is gone or closed the connection: nothing to report to
-    finally:
-        conn.close()
-
-
-def _worker_main(conn: Any, throwaway_path: str, kernel_peak: bool) -> None:
-    try:
-        base, exact = _measure_runtime_base(throwaway_path, kernel_peak)
-    except Exception as exc:  # reported to the supervisor, which raises ProfileError
-        conn.send(("error", _one_line(exc)))
-        return
-    conn.send(("base", base, exact))
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message[0] == "quit":
-            return
-        _, job, handshake = message
-        try:
-            measured = _measure_stage(job, conn if handshake else None, kernel_peak and exact)
-        except Exception as exc:
-            conn.send(("error", _one_line(exc)))
-            continue
-        conn.send(("result", measured, kernel_peak and exact))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[RuntimeBase, bool]:
-    import numpy as np
-
-    from masa.common.procmem import reset_peak, rss_bytes
-    from model_prep.session import create_session, pin_malloc_threshold, release_memory
-
-    # Pinned before anything is measured, so the first session and every stage
-    # see the same allocator behaviour (model_prep.session.pin_malloc_threshold).
-    pin_malloc_threshold()
-    release_memory()
-    process_rss = rss_bytes()
-    exact = reset_peak() if kernel_peak else False
-    start_ns = time.perf_counter_ns()
-    session = create_session(throwaway_path)
-    first_session_time_us = (time.perf_counter_ns() - start_ns) // 1000
-    # One run too: the first run initialises per-process kernel state that
-    # would otherwise land in the first stage's exec figures.
-    session.run(None, {"x": np.zeros((1, 3, 8, 8), dtype=np.float32)})
-    del session
-    release_memory()
-    first_session = max(0, rss_bytes() - process_rss)
-    return RuntimeBase(process_rss, first_session, int(first_session_time_us)), exact
-
-
-def _random_inputs(inputs: Sequence[TensorSpec], seed: tuple[int, int]) -> dict[str, Any]:
-    """Seeded random tensors of the stage's input shapes (dynamic dims -> 1)."""
-    import numpy as np
-
-    rng = np.random.default_rng(list(seed))
-    feeds: dict[str, Any] = {}
-    for spec in inputs:
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
-        dtype = np.dtype(spec.dtype)
-        if dtype.kind == "f":
-            value = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-        elif dtype.kind in "iu":
-            # Small non-negative integers are valid indices and counts.
-            value = rng.integers(0, 2, size=shape).astype(dtype)
-        elif dtype.kind == "b":
-            value = rng.random(shape) < 0.5
-        else:
-            raise ValueError(f"input {spec.name!r} has dtype {spec.dtype}, which the "
-                             "profiler cannot generate")
-        feeds[spec.name] = value
-    return feeds
-
-
-def _measure_stage(job: _StageJob, conn: Any | None, kernel_peak: bool) -> dict[str, Any]:
-    from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
-    from model_prep.session import create_session, release_memory
-
-    def peak_increase(base: int) -> int:
-        return max(0, peak_rss_bytes() - base) if kernel_peak else 0
-
-    def observed(phase: str, operation: Callable[[], Any],
-                 prepare_again: Callable[[], None] | None = None) -> int:
-        """Run `operation` under the supervisor's sampler, again (after
-        `prepare_again`) while it asks; the largest VmHWM increase seen."""
-        assert conn is not None
-        largest = 0
-        while True:
-            release_memory()
-            base = rss_bytes()
-            conn.send(("begin", phase, base))
-            conn.recv()
-            if kernel_peak:
-                reset_peak()
-            result = operation()
-            increase = peak_increase(base)
-            largest = max(largest, increase)
-            conn.send(("end", phase, base, increase))
-            del result
-            if conn.recv() != "again":
-                return largest
-            if prepare_again is not None:
-                prepare_again()
-
-    def timed_load() -> tuple[Any, int, int, int]:
-        """(session, duration us, base RSS, VmHWM increase) of one load."""
-        release_memory()
-        base = rss_bytes()
-        if kernel_peak:
-            reset_peak()
-        start_ns = time.perf_counter_ns()
-        session = create_session(job.path)
-        duration_us = (time.perf_counter_ns() - start_ns) // 1000
-        return session, duration_us, base, peak_increase(base)
-
-    if conn is not None:
-        # The observed loads give both peak figures of the same operations. The
-        # sampler busy-polls from another core and slowed loads by 15-20% in
-        # tests, so the load time and resident size come from one more load
-        # that nobody watches.
-        load_peak = observed("load", lambda: create_session(job.path))
-        session, load_time_us, load_base, _ = timed_load()
-    else:
-        session, load_time_us, load_base, load_peak = timed_load()
-    release_memory()
-    resident = max(0, rss_bytes() - load_base)
-
-    feeds = _random_inputs(job.inputs, job.seed)
-    # The exec peak is that of the first run of a fresh session: the scheduler
-    # runs each loaded stage once, and kernels allocate some memory lazily on
-    # their first run only. So a repeated observation needs a fresh session.
-    live = [session]
-    del session
-
-    def reload() -> None:
-        live[0] = None
-        release_memory()
-        live[0] = create_session(job.path)
-
-    if conn is not None:
-        exec_peak = observed("exec", lambda: live[0].run(None, feeds), reload)
-    else:
-        release_memory()
-        exec_base = rss_bytes()
-        if kernel_peak:
-            reset_peak()
-        outputs = live[0].run(None, feeds)
-        exec_peak = peak_increase(exec_base)
-        del outputs
-    session = live.pop()
-    for _ in range(job.warmup_runs - 1):
-        session.run(None, feeds)
-
-    durations_ns = []
-    for _ in range(job.runs):
-        start_ns = time.perf_counter_ns()
-        outputs = session.run(None, feeds)
-        durations_ns.append(time.perf_counter_ns() - start_ns)
-        del outputs
-    del session
-    feeds.clear()  # drop the inputs before the final trim
-    release_memory()
-    return {
-        "load_time_us": int(load_time_us),
-        "exec_time_us": int(statistics.median(durations_ns) // 1000),
-        "load_peak_bytes": load_peak,
-        "resident_bytes": resident,
-        "exec_peak_bytes": exec_peak,
-        "kernel_peak": kernel_peak,
-    }

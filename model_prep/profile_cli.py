@@ -2,8 +2,11 @@
 
 This module owns the command line around model_prep.profile: it loads and
 validates the manifest (stage files must match their sha256), profiles every
-stage, prints the stage table and writes the manifest back atomically with
-the new profiles and runtime base. Nothing is written when profiling fails.
+stage, prints the stage table (or, with `--json`, one JSON document) and
+writes the manifest back atomically with the new profiles and runtime base.
+Nothing is written when profiling fails. Exit codes (model_prep.cli_common):
+1 when profiling a stage fails (ProfileError), 2 for bad input such as a
+stage file that does not match its sha256.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from masa.common.errors import UserError
 from masa.common.progress import ProgressBar
 from masa.common.units import format_bytes
+from model_prep.cli_common import add_json_flag, exit_codes, print_json
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
 
@@ -53,9 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="skip the statm sampling thread (kernel VmHWM peaks only)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the profile table but leave the manifest untouched")
+    add_json_flag(parser, "every stage's profile and the runtime base")
     parser.set_defaults(handler=run_profile)
 
 
+@exit_codes
 def run_profile(args: argparse.Namespace) -> int:
     network_dir = Path(args.network)
     manifest = load_manifest(network_dir)
@@ -68,18 +77,41 @@ def run_profile(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     profiled = manifest.with_profiles(profiles, runtime_base)
+    if args.dry_run:
+        log.info("dry run: %s left untouched", network_dir / MANIFEST_NAME)
+    else:
+        try:
+            write_manifest(profiled, network_dir / MANIFEST_NAME)
+        except OSError as exc:
+            raise UserError(f"{network_dir / MANIFEST_NAME}: cannot write the manifest: "
+                            f"{exc.strerror or exc}") from None
+        log.info("wrote %s", network_dir / MANIFEST_NAME)
+    if args.json:
+        print_json(profile_document(profiled, written=not args.dry_run))
+        return 0
     for line in profile_table(profiled):
         print(line)
     base = runtime_base
     print(f"runtime base: process {format_bytes(base.process_rss_bytes)}, first session "
           f"+{format_bytes(base.first_session_bytes)} in "
           f"{base.first_session_time_us / 1000:.1f} ms")
-    if args.dry_run:
-        log.info("dry run: %s left untouched", network_dir / MANIFEST_NAME)
-        return 0
-    write_manifest(profiled, network_dir / MANIFEST_NAME)
-    log.info("wrote %s", network_dir / MANIFEST_NAME)
     return 0
+
+
+def profile_document(manifest: NetworkManifest, written: bool) -> dict[str, Any]:
+    """The `--json` form: per stage its profile (as in the manifest), and the runtime base."""
+    return {
+        "network": manifest.name,
+        "directory": str(manifest.directory),
+        "manifest_written": written,
+        "runtime_base": asdict(manifest.runtime_base) if manifest.runtime_base else None,
+        "stages": [
+            {"id": stage.stage_id, "layer_type": stage.layer_type,
+             "weight_bytes": stage.weight_bytes,
+             "profile": asdict(stage.profile) if stage.profile else None}
+            for stage in manifest.stages
+        ],
+    }
 
 
 def profile_table(manifest: NetworkManifest) -> Iterable[str]:
@@ -111,7 +143,7 @@ def _pair(exact_bytes: int, sampled_bytes: int, sampled: bool) -> str:
 class _Progress:
     """The shared progress bar on a terminal, else one log line per stage."""
 
-    def __init__(self, name: str, quiet: bool):
+    def __init__(self, name: str, quiet: bool) -> None:
         self.name = name
         self.bar = ProgressBar(f"profile {name}", enabled=False if quiet else None)
 

@@ -2,30 +2,40 @@
 
 This module owns `run_stages` (execute a prepared network stage by stage with
 plain ONNX Runtime, freeing every intermediate tensor after its last consumer)
-and `verify_network` (the `masa prepare --verify` check). Both create sessions
-through model_prep.session so they run exactly what the scheduler will run.
+and `verify_network` (the `masa prepare --verify` and `masa verify` check).
+Both create sessions through model_prep.session so they run exactly what the
+scheduler will run. Input feeds (reading, binding, random ones) are
+model_prep.feeds'.
 
 The pass criterion, per model output: max |stages - whole| <= 1e-5 * max |whole|
 (exact equality for outputs that are not floating point, and identical NaN
-positions).
+positions). A mismatch raises `VerifyMismatch`, and ONNX Runtime failing on a
+stage or on the whole model raises `RunFailed` naming it: the input was valid,
+the check ran and failed (exit 1 on the command line, not 2).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
 from masa.common.errors import UserError
-from model_prep.manifest import NetworkManifest, TensorSpec
+from model_prep.errors import RunFailed, one_line
+from model_prep.feeds import random_feeds
+from model_prep.manifest import NetworkManifest, Stage
 from model_prep.session import create_session, release_memory
-from model_prep.split import DEFAULT_EXTERNAL_DATA_BYTES, tensor_bytes_estimate
+from model_prep.shapes import tensor_bytes_estimate
+from model_prep.stage_files import DEFAULT_EXTERNAL_DATA_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -60,80 +70,34 @@ class VerifyResult:
         return (f"verify {self.network}: {self.stage_count} stages vs whole model: "
                 f"{verdict}; " + "; ".join(parts))
 
-
-def random_feeds(
-    inputs: tuple[TensorSpec, ...], rng: np.random.Generator, dim_value: int = 1
-) -> dict[str, np.ndarray]:
-    """Seeded random inputs for a network; dynamic dims take `dim_value`."""
-    feeds: dict[str, np.ndarray] = {}
-    for spec in inputs:
-        if spec.shape and spec.shape[0] == "*":
-            raise UserError(f"input {spec.name!r} has an unknown rank: fix its shape with "
-                            "--input-shape")
-        shape = tuple(d if isinstance(d, int) else dim_value for d in spec.shape)
-        dtype = _numpy_dtype(spec)
-        if dtype.kind == "f":
-            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 8, size=shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[spec.name] = np.asarray(rng.random(shape) < 0.5)
-        else:
-            raise UserError(f"input {spec.name!r}: cannot make random data of type {spec.dtype}")
-    return feeds
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` form; an infinite or NaN figure (shapes differ) is null."""
+        return {
+            "network": self.network,
+            "ok": self.ok,
+            "stage_count": self.stage_count,
+            "input_shapes": {name: list(shape) for name, shape in self.input_shapes.items()},
+            "relative_tolerance": RELATIVE_TOLERANCE,
+            "outputs": [
+                {"name": o.name, "shape": list(o.shape),
+                 "max_abs_diff": _finite_or_none(o.max_abs_diff),
+                 "max_abs_output": _finite_or_none(o.max_abs_output),
+                 "tolerance": _finite_or_none(o.tolerance), "passed": o.passed}
+                for o in self.outputs
+            ],
+        }
 
 
-def _numpy_dtype(spec: TensorSpec) -> np.dtype:
-    try:
-        return np.dtype(spec.dtype)
-    except TypeError:
-        raise UserError(f"input {spec.name!r}: type {spec.dtype} has no NumPy equivalent"
-                        ) from None
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
-def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
-    """Inputs from X.npz (one array per input name) or X.npy (the only input: key '',
-    which `bind_feeds` binds to the network's single input). Bad file: UserError."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such input file (expected .npy or .npz)")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a NumPy .npy/.npz file: {exc}") from None
-    if isinstance(loaded, np.ndarray):
-        return {"": loaded}
-    with loaded:
-        return {key: loaded[key] for key in loaded.files}
+class VerifyMismatch(RunFailed):
+    """The stages ran but differ from the whole model; `result` says where and by how much."""
 
-
-def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
-               ) -> dict[str, np.ndarray]:
-    """Check user-given inputs against the network's; key '' means "the only input"."""
-    expected = {spec.name: spec for spec in manifest.inputs}
-    bound = dict(feeds)
-    if "" in bound:
-        if len(expected) != 1:
-            raise UserError(f"network {manifest.name!r} has {len(expected)} inputs: expected an "
-                            f".npz with arrays named {', '.join(expected)}")
-        bound[next(iter(expected))] = bound.pop("")
-    unknown = sorted(set(bound) - set(expected))
-    missing = sorted(set(expected) - set(bound))
-    if unknown or missing:
-        raise UserError(f"network {manifest.name!r}: expected inputs {', '.join(expected)}, "
-                        f"got {', '.join(sorted(bound)) or 'none'}")
-    for name, value in bound.items():
-        spec = expected[name]
-        if value.dtype != _numpy_dtype(spec):
-            raise UserError(f"input {name!r}: expected dtype {spec.dtype}, got {value.dtype}")
-        fixed = [(d, s) for d, s in zip(spec.shape, value.shape, strict=False)
-                 if isinstance(d, int)]
-        unknown_rank = spec.shape[:1] == ("*",)
-        if not unknown_rank and (len(spec.shape) != value.ndim or any(d != s for d, s in fixed)):
-            shape_text = "x".join(str(d) for d in spec.shape)
-            raise UserError(f"input {name!r}: expected shape {shape_text}, got "
-                            f"{'x'.join(str(s) for s in value.shape)}")
-    return bound
+    def __init__(self, message: str, result: VerifyResult) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
@@ -163,12 +127,8 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
             last_use[spec.name] = index
     values: dict[str, np.ndarray] = {spec.name: feeds[spec.name] for spec in manifest.inputs}
     for index, stage in enumerate(manifest.stages):
-        session = create_session(manifest.stage_path(stage))
-        try:
-            results = session.run([spec.name for spec in stage.outputs],
-                                  {spec.name: values[spec.name] for spec in stage.inputs})
-        finally:
-            del session
+        results = _run_stage(manifest, stage,
+                             {spec.name: values[spec.name] for spec in stage.inputs})
         for spec, value in zip(stage.outputs, results, strict=True):
             values[spec.name] = value
         for spec in stage.inputs:
@@ -176,6 +136,21 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
                 del values[spec.name]
     release_memory()
     return {name: values[name] for name in output_names}
+
+
+def _run_stage(manifest: NetworkManifest, stage: Stage, feeds: dict[str, np.ndarray]
+               ) -> list[np.ndarray]:
+    """One run of one stage in a session of its own; RunFailed if ONNX Runtime fails."""
+    path = manifest.stage_path(stage)
+    session = None
+    try:
+        session = create_session(path)
+        return session.run([spec.name for spec in stage.outputs], feeds)
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        raise RunFailed(f"{path}: ONNX Runtime failed on stage {stage.stage_id!r} of network "
+                        f"{manifest.name!r}: {one_line(exc)}") from None
+    finally:
+        del session
 
 
 def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
@@ -197,7 +172,11 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
     output_names = [spec.name for spec in manifest.outputs]
     extra = [name for name in extra_outputs if name not in output_names]
     output_names += extra
-    model = onnx.load(str(model_path), load_external_data=False)
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise UserError(f"{model_path}: cannot read the source model: {one_line(exc)} "
+                        "(pass the model the network was prepared from with --model)") from None
     graph = model.graph
     initializer_names = {t.name for t in graph.initializer}
     overridable = model.ir_version >= 4 and any(i.name in initializer_names for i in graph.input)
@@ -207,7 +186,10 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
     if not overridable and not reshaped and not extra:
         del model
         return _run_once(model_path, output_names, feeds)
-    external_data_helper.load_external_data_for_model(model, str(Path(model_path).parent))
+    try:
+        external_data_helper.load_external_data_for_model(model, str(Path(model_path).parent))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{model_path}: cannot read its external data: {one_line(exc)}") from None
     if overridable:
         runtime_inputs = [i for i in graph.input if i.name not in initializer_names]
         del graph.input[:]
@@ -246,12 +228,18 @@ def _declared_shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
 
 def _run_once(path: str | Path, output_names: list[str], feeds: Mapping[str, np.ndarray]
               ) -> dict[str, np.ndarray]:
-    session = create_session(path)
+    """One run of the whole model; RunFailed if ONNX Runtime fails on it."""
+    session = None
     try:
-        return dict(zip(output_names, session.run(output_names, dict(feeds)), strict=True))
+        session = create_session(path)
+        outputs = session.run(output_names, dict(feeds))
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        raise RunFailed(f"ONNX Runtime failed on the whole model ({path}): "
+                        f"{one_line(exc)}") from None
     finally:
         del session
         release_memory()
+    return dict(zip(output_names, outputs, strict=True))
 
 
 def compare_outputs(
@@ -298,8 +286,10 @@ def verify_network(
 
     Dynamic dims of the random input take `dim_value`. `extra_tensors` names
     stage-boundary tensors to compare as well (found by pinpointing which stage
-    diverges). With `check` (the default) a mismatch raises UserError naming
-    the tensor; otherwise the result says so (`result.ok`).
+    diverges). With `check` (the default) a mismatch raises VerifyMismatch (a
+    RunFailed, so a UserError) naming the tensor; otherwise the result says so
+    (`result.ok`). ONNX Runtime failing on a stage or the whole model raises
+    RunFailed either way.
     """
     if feeds is None:
         feeds = random_feeds(manifest.inputs, rng, dim_value)
@@ -314,8 +304,9 @@ def verify_network(
     log.info("%s", result.summary())
     if check and not result.ok:
         bad = next(o for o in result.outputs if not o.passed)
-        raise UserError(f"{model_path}: --verify failed for network {manifest.name!r}: output "
-                        f"{bad.name!r} differs by {bad.max_abs_diff:.3g} between the stages and "
-                        f"the whole model (expected at most {bad.tolerance:.3g} = "
-                        f"{RELATIVE_TOLERANCE:g} x max|output| {bad.max_abs_output:.3g})")
+        raise VerifyMismatch(
+            f"{model_path}: --verify failed for network {manifest.name!r}: output "
+            f"{bad.name!r} differs by {bad.max_abs_diff:.3g} between the stages and "
+            f"the whole model (expected at most {bad.tolerance:.3g} = "
+            f"{RELATIVE_TOLERANCE:g} x max|output| {bad.max_abs_output:.3g})", result)
     return result

@@ -27,10 +27,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
-from solver.instance import Instance, ancestor_sets, mirrored, spanning_locks
+from masa.sched.taskgraph import ScheduledTask, TaskKind
+from solver.analysis import heads_and_tails
+from solver.instance import Instance, mirrored, spanning_locks
+from solver.schedules import schedule_makespan, with_workers
 
 _INF = math.inf
+# Forward-backward improvement is tried on this many of the best schedules.
+_JUSTIFIED = 4
 
 
 class _Profile:
@@ -246,38 +250,24 @@ class _Builder:
         return self.start
 
 
-def _tails(graph: TaskGraph) -> dict[str, int]:
-    """Longest path from each task's start to a sink, the task included."""
-    ancestors = ancestor_sets(graph)
-    order = sorted(graph.by_id, key=lambda t: len(ancestors[t]), reverse=True)
-    succ: dict[str, list[str]] = {t: [] for t in graph.by_id}
-    for before, after in graph.precedence:
-        succ[before].append(after)
-    tail: dict[str, int] = {}
-    for task_id in order:  # descendants have more ancestors, so come first
-        tail[task_id] = graph.by_id[task_id].duration_us + max(
-            (tail[s] for s in succ[task_id]), default=0)
-    return tail
-
-
-def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = None,
-                   justify: int = 4) -> list[tuple[str, tuple[ScheduledTask, ...]]]:
+def list_schedules(instance: Instance, *, seed: int = 0
+                   ) -> list[tuple[str, tuple[ScheduledTask, ...]]]:
     """Schedules of the instance from several priority rules, as (rule name, schedule).
 
     Rules: longest remaining path first (`tail`), largest memory need first
     (`memory`), network by network in instance order (`network`), and
-    `samples` randomised tails (tail times a factor in [0.5, 1.5) from a
-    Generator seeded by `seed`). A rule whose run gets stuck (locks left
-    open fill the memory) yields nothing. Workers are numbered by interval
-    colouring. Every schedule respects precedence, releases, workers and
-    memory by construction; callers that use one as an upper bound should
-    still check it (masa.sched.checker). The `justify` best (by makespan) are then
+    randomised tails (tail times a factor in [0.5, 1.5) from a Generator
+    seeded by `seed`; `random0`, `random1`, ...). A rule whose run gets stuck
+    (locks left open fill the memory) yields nothing. Workers are numbered by
+    interval colouring. Every schedule respects precedence, releases, workers
+    and memory by construction; callers that use one as an upper bound should
+    still check it (masa.sched.checker). The best few (by makespan) are then
     improved by forward-backward passes, added as `<rule>+fbi` when better.
     """
     graph = instance.graph
     if not graph.tasks:
         return []
-    tail = _tails(graph)
+    tail = heads_and_tails(graph)[1]
     spanning = spanning_locks(graph)
     need = {t.task_id: t.memory_bytes + sum(graph.locks[i].memory_bytes
                                             for i in spanning[t.task_id])
@@ -288,9 +278,8 @@ def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = N
         ("memory", lambda t: (-need[t], -tail[t], position[t])),
         ("network", lambda t: (graph.by_id[t].order, position[t])),
     ]
-    if samples is None:
-        # About as many placements in all as 64 runs on 80 tasks: cheap.
-        samples = max(4, min(64, 5000 // len(graph.tasks)))
+    # About as many placements in all as 64 runs on 80 tasks: cheap.
+    samples = max(4, min(64, 5000 // len(graph.tasks)))
     rng = np.random.default_rng(seed)
     for sample in range(samples):
         factor = dict(zip(graph.by_id, rng.uniform(0.5, 1.5, len(graph.tasks)), strict=True))
@@ -305,7 +294,7 @@ def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = N
     # tight instances it closes much of the gap the priority rules leave.
     reverse = mirrored(instance)
     if reverse is not None:
-        ranked = sorted(found, key=lambda item: schedule_end(item[1]))[:justify]
+        ranked = sorted(found, key=lambda item: schedule_makespan(item[1]))[:_JUSTIFIED]
         for name, schedule in ranked:
             improved = _forward_backward(instance, reverse, schedule)
             if improved is not None:
@@ -313,19 +302,9 @@ def list_schedules(instance: Instance, *, seed: int = 0, samples: int | None = N
     return found
 
 
-def schedule_end(schedule: Sequence[ScheduledTask]) -> int:
-    return max((item.end_us for item in schedule), default=0)
-
-
 def _as_schedule(instance: Instance, starts: dict[str, int]) -> tuple[ScheduledTask, ...]:
-    # model imports this module, hence here
-    from solver.model import assign_workers, in_start_order  # noqa: PLC0415
-
-    duration = {t.task_id: t.duration_us for t in instance.graph.tasks}
-    worker = assign_workers(((t, s, s + duration[t]) for t, s in starts.items()),
-                            instance.workers)
-    return in_start_order(ScheduledTask(t, worker[t], s, s + duration[t])
-                          for t, s in starts.items())
+    ends = {t: s + instance.graph.by_id[t].duration_us for t, s in starts.items()}
+    return with_workers(starts, ends, instance.workers)
 
 
 def _forward_backward(instance: Instance, reverse: Instance,
@@ -348,17 +327,16 @@ def _forward_backward(instance: Instance, reverse: Instance,
         if forward is None:
             break
         current = _as_schedule(instance, forward)
-        if schedule_end(current) >= schedule_end(best):
+        if schedule_makespan(current) >= schedule_makespan(best):
             break
         best = current
-    return best if schedule_end(best) < schedule_end(schedule) else None
+    return best if schedule_makespan(best) < schedule_makespan(schedule) else None
 
 
 def best_list_schedule(instance: Instance, objective: Callable[[Sequence[ScheduledTask]], int],
-                       *, seed: int = 0, samples: int | None = None
-                       ) -> tuple[str, tuple[ScheduledTask, ...]] | None:
+                       *, seed: int = 0) -> tuple[str, tuple[ScheduledTask, ...]] | None:
     """The list schedule with the lowest `objective` (ties: first rule), or None."""
-    found = list_schedules(instance, seed=seed, samples=samples)
+    found = list_schedules(instance, seed=seed)
     if not found:
         return None
     return min(found, key=lambda item: objective(item[1]))

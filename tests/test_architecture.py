@@ -7,6 +7,7 @@ so a cycle hidden behind a function-level import fails here too.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import subprocess
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from masa.cli.main import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("masa", "model_prep", "workloads", "solver")
@@ -160,8 +163,8 @@ def test_run_help_is_lean(command: str) -> None:
 def test_a_real_run_and_infer_load_no_heavy_library(small_zoo_store: Path,
                                                     tmp_path: Path) -> None:
     import numpy as np
-    from model_prep.feeds import random_feeds
 
+    from model_prep.feeds import random_feeds
     from model_prep.manifest import load_store_network
 
     manifest = load_store_network(small_zoo_store, "agenet")
@@ -178,3 +181,13 @@ def test_a_real_run_and_infer_load_no_heavy_library(small_zoo_store: Path,
             f"'--model', 'agenet', '--input', {str(tmp_path / 'x.npy')!r}, "
             f"'--out', {str(tmp_path / 'y.npz')!r}]) == 0\n" + _REPORT)
     assert _run_python(code)["heavy"] == []
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_listed_command_is_registered_by_its_module(command: str) -> None:
+    parser = build_parser(command)
+    subparsers = next(action for action in parser._actions
+                      if isinstance(action, argparse._SubParsersAction))
+    chosen = subparsers.choices[command]
+    nested = any(isinstance(action, argparse._SubParsersAction) for action in chosen._actions)
+    assert nested or chosen.get_default("handler") is not None

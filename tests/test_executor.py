@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from masa.runtime.registry import make_policy
 from masa.cli.main import main
+from masa.runtime.registry import make_policy
 from masa.runtime.threads import RealExecutor, RealRunConfig
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.jobs import JobSpec, build_workload_graph
+from model_prep.feeds import random_feeds
 from model_prep.manifest import NetworkManifest, load_store_network
-from model_prep.verify import random_feeds, run_stages, run_whole_model
+from model_prep.verify import run_stages, run_whole_model
 
 NETWORKS = ("agenet", "googlenet")
 MIB = 2**20

@@ -20,7 +20,8 @@ from masa.sched.checker import check_schedule
 from masa.sched.core import add_tasks, finish, new_state, select
 from masa.sched.taskgraph import TaskGraph
 from solver.instance import RandomSpec, random_instance
-from solver.model import SolveOptions, solve_instance
+from solver.options import SolveOptions
+from solver.search import solve_instance
 
 
 def _single_stage_networks() -> TaskGraph:
@@ -61,7 +62,8 @@ def test_plan_reaches_the_proven_optimum_where_greedy_masa_does_not(spec: Random
     assert optimum.proven
     greedy = simulate_graph(instance.graph, policy=make_policy("masa"), workers=instance.workers,
                             memory_budget_bytes=instance.memory)
-    planned = simulate_graph(instance.graph, policy=make_policy("masa-plan"), workers=instance.workers,
+    planned = simulate_graph(instance.graph, policy=make_policy("masa-plan"),
+                             workers=instance.workers,
                              memory_budget_bytes=instance.memory)
     assert greedy.makespan_us > optimum.makespan_us
     assert planned.makespan_us == optimum.makespan_us
@@ -116,7 +118,7 @@ def test_plan_again_when_a_job_arrives() -> None:
 
 def test_masa_optimal_compares_the_policy_it_is_asked_for(capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
-    from solver.cli import main as optimal_main
+    from masa.cli.main import optimal_main
 
     spec = "networks=4,layers=2,seed=1043,workers=3,tightness=1.2,load_ratio=4"
     reports = {}

@@ -176,7 +176,8 @@ def test_load_order_rule_keeps_many_networks_within_budget() -> None:
 def test_bulk_runs_one_network_at_a_time_loads_then_execs() -> None:
     graph = merge([chain_network(0, 1, [10, 10, 10]), chain_network(0, 0, [10, 10]),
                    chain_network(1, 0, [10], release_us=50)])
-    result = simulate_graph(graph, policy=make_policy("bulk"), workers=2, memory_budget_bytes=10_000)
+    result = simulate_graph(graph, policy=make_policy("bulk"),
+                            workers=2, memory_budget_bytes=10_000)
     assert result.dispatch_order == (
         "j0/n0/s0/load", "j0/n0/s1/load", "j0/n0/s0/exec", "j0/n0/s1/exec",
         "j0/n1/s0/load", "j0/n1/s1/load", "j0/n1/s2/load",
@@ -212,7 +213,8 @@ def test_deepeye_loads_fc_stages_while_conv_stages_execute() -> None:
         chain_network(1, 0, [10, 10, 50], layer_types=["conv", "conv", "fc"],
                       load_us=100, exec_us=200),
     ])
-    result = simulate_graph(graph, policy=make_policy("deepeye"), workers=2, memory_budget_bytes=10_000)
+    result = simulate_graph(graph, policy=make_policy("deepeye"),
+                            workers=2, memory_budget_bytes=10_000)
     entries = {entry.task_id: entry for entry in result.schedule}
     assert result.unfinished == ()
     # A network's first conv EXEC waits for its last conv LOAD.

@@ -1,9 +1,16 @@
-"""Bad input to `masa prepare` / `masa verify`: one clear line, exit 2, store untouched."""
+"""Bad input to `masa prepare` / `masa verify`: one clear line, exit 2, store untouched.
+
+A check that ran and failed (a verification mismatch, ONNX Runtime failing on
+a stage) is one line too, with exit 1; a bug is exit 3. `--json` prints one
+JSON document on stdout.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import models
@@ -12,7 +19,7 @@ import pytest
 
 from masa.cli.main import main
 from masa.common.errors import UserError, ValidationError
-from model_prep.manifest import load_manifest
+from model_prep.manifest import MANIFEST_NAME, load_manifest, sha256_file, write_manifest
 from model_prep.prepare_cli import prepare_network
 
 
@@ -37,11 +44,12 @@ def good_model(tmp_path: Path) -> Path:
     return models.save(models.residual_branches(np.random.default_rng(1)), tmp_path, "good")
 
 
-def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *expected: str) -> str:
-    """Run the CLI; it must exit 2 with one error line naming `expected`."""
-    code = main(argv)
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *expected: str,
+           code: int = 2) -> str:
+    """Run the CLI; it must exit `code` (2: bad input) with one error line naming `expected`."""
+    exit_code = main(argv)
     err = capsys.readouterr().err
-    assert code == 2, err
+    assert exit_code == code, err
     lines = [line for line in err.splitlines() if line.startswith("masa: error:")]
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -157,13 +165,13 @@ def test_manifest_with_missing_stage_file_or_wrong_checksum(
     assert _tree(store) == before
 
 
-def test_verify_mismatch_exits_2(tmp_path: Path, store: Path,
+def test_verify_mismatch_exits_1(tmp_path: Path, store: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     other = models.save(models.conv_chain(np.random.default_rng(5)), tmp_path, "other")
     before = _tree(store)
     # Same architecture, other weights: every stage loads, the outputs differ.
     _fails(["verify", str(store / "chain"), "--model", str(other)], capsys,
-           "--verify failed", "output 'y' differs")
+           "--verify failed", "output 'y' differs", code=1)
     assert _tree(store) == before
 
 
@@ -179,7 +187,8 @@ def test_failed_prepare_verify_leaves_store_untouched(
     monkeypatch.setattr(verify, "compare_outputs", always_differs)
     chain2 = models.save(models.conv_chain(np.random.default_rng(0)), tmp_path, "chain2")
     before = _tree(store)
-    _fails(_prepare(chain2, store, "--name", "chain", "--verify"), capsys, "--verify failed")
+    _fails(_prepare(chain2, store, "--name", "chain", "--verify"), capsys, "--verify failed",
+           code=1)
     assert _tree(store) == before
 
 
@@ -198,3 +207,53 @@ def test_prepare_network_api_raises_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such file"):
         prepare_network(tmp_path / "nothing.onnx", tmp_path / "store", profile=False)
     assert not (tmp_path / "store").exists()
+
+
+def test_onnx_runtime_failing_on_a_stage_exits_1_naming_it(
+        store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    network = store / "chain"
+    manifest = load_manifest(network)
+    broken = network / manifest.stages[1].file
+    broken.write_bytes(b"not an onnx model")
+    # The manifest is made to agree, so the stage passes the sha256 check and
+    # only ONNX Runtime finds it wrong.
+    stages = list(manifest.stages)
+    stages[1] = replace(stages[1], sha256=sha256_file(broken))
+    write_manifest(replace(manifest, stages=tuple(stages)), network / MANIFEST_NAME)
+    line = _fails(["verify", str(network)], capsys, "ONNX Runtime failed", "'s001'", code=1)
+    assert str(broken) in line
+
+
+def test_an_internal_error_exits_3(store: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from model_prep import prepare_cli
+
+    def broken_verify(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(prepare_cli, "verify_network", broken_verify)
+    assert main(["verify", str(store / "chain")]) == 3
+    assert "internal error" in capsys.readouterr().err
+
+
+def test_json_documents(tmp_path: Path, store: Path, good_model: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_prepare(good_model, store, "--verify", "--json")) == 0
+    prepared = json.loads(capsys.readouterr().out)
+    assert prepared["prepared"] and prepared["name"] == "good"
+    assert prepared["directory"] == str(store / "good")
+    assert prepared["stage_count"] == len(prepared["manifest"]["stages"]) == 6
+    assert prepared["verify"]["ok"] and prepared["profile_time_s"] is None
+
+    assert main(["verify", str(store / "good"), "--json"]) == 0
+    verified = json.loads(capsys.readouterr().out)
+    assert verified["ok"] and verified["network"] == "good"
+    assert [o["name"] for o in verified["outputs"]] == [t["name"] for t in
+                                                        prepared["manifest"]["outputs"]]
+
+    other = models.save(models.conv_chain(np.random.default_rng(5)), tmp_path, "other")
+    assert main(["verify", str(store / "chain"), "--model", str(other), "--json"]) == 1
+    captured = capsys.readouterr()
+    mismatch = json.loads(captured.out)
+    assert not mismatch["ok"] and not mismatch["outputs"][0]["passed"]
+    assert "--verify failed" in captured.err

@@ -7,10 +7,12 @@ Profiling spawns worker processes; the network is profiled once per module.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,8 @@ from model_prep.manifest import (
     sha256_file,
     write_manifest,
 )
-from model_prep.profile import ProfileError, StatmSampler, _random_inputs, profile_network
+from model_prep.profile import ProfileError, StatmSampler, profile_network
+from model_prep.profile_worker import _random_inputs
 
 MIB = 1 << 20
 RUNS = 3
@@ -264,6 +267,37 @@ def test_cli_errors_exit_2_and_leave_the_manifest_untouched(
     with pytest.raises(SystemExit) as exit_info:
         masa_main(["profile", str(directory), "--runs", "0"])
     assert exit_info.value.code == 2
+
+
+def test_cli_json_and_a_stage_that_fails_to_profile_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "tiny"
+    manifest = build_network(directory)
+    text = (directory / MANIFEST_NAME).read_bytes()
+    assert masa_main(["-q", "profile", str(directory), "--runs", "1", "--no-sample",
+                      "--dry-run", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["network"] == "tiny" and not document["manifest_written"]
+    assert [s["id"] for s in document["stages"]] == [s.stage_id for s in manifest.stages]
+    assert all(s["profile"]["exec_runs"] == 1 for s in document["stages"])
+    assert document["runtime_base"]["process_rss_bytes"] > 0
+    assert (directory / MANIFEST_NAME).read_bytes() == text  # --dry-run
+
+    # The stage file matches its sha256 (input is valid) but ONNX Runtime
+    # cannot load it: the command ran and failed, exit 1, one line.
+    broken = directory / "stages" / "s1_fc.onnx"
+    broken.write_bytes(b"not an onnx model")
+    stages = tuple(replace(s, sha256=sha256_file(broken)) if s.stage_id == "s1_fc" else s
+                   for s in manifest.stages)
+    write_manifest(replace(manifest, stages=stages), directory / MANIFEST_NAME)
+    text = (directory / MANIFEST_NAME).read_bytes()
+    assert masa_main(["profile", str(directory), "--runs", "1", "--no-sample", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    errors = [line for line in captured.err.splitlines() if line.startswith("masa: error:")]
+    assert len(errors) == 1 and "s1_fc" in errors[0]
+    assert (directory / MANIFEST_NAME).read_bytes() == text
 
 
 def test_busy_sampler_is_reported_not_fatal(

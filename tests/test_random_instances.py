@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from solver.instance import RandomSpec, instance_from_dict, instance_to_dict, random_instance
+
+pytestmark = pytest.mark.solver
 
 
 def test_random_instance_orders_the_loads_of_each_network() -> None:
@@ -36,14 +39,14 @@ def test_masa_stays_within_tight_budgets_on_random_instances(tightness: float) -
                           workers=2 + seed % 2, tightness=tightness,
                           load_ratio=1.0 if seed % 2 == 0 else 4.0)
         instance = random_instance(spec)
-        result = simulate_graph(instance.graph, workers=instance.workers,
-                                memory_budget_bytes=instance.memory)
+        result = simulate_graph(instance.graph, policy=make_policy("masa"),
+                                workers=instance.workers, memory_budget_bytes=instance.memory)
         assert result.over_commits == (), instance.name
         assert check_schedule(instance.graph, list(result.schedule), workers=instance.workers,
                               memory_budget_bytes=instance.memory) == [], instance.name
         unordered = random_instance(RandomSpec(**{**spec.__dict__, "load_order": False}))
         over_budget_without_rule += bool(simulate_graph(
-            unordered.graph, workers=instance.workers,
+            unordered.graph, policy=make_policy("masa"), workers=instance.workers,
             memory_budget_bytes=instance.memory).over_commits)
     if tightness == 1.2:
         # What the rule is for: without it the same instances over-commit.

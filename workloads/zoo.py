@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from masa.common.errors import UserError
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
+from model_prep.prepare_cli import ensure_store, prepare_network
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class _Net:
     built the same way, no weight is allocated.
     """
 
-    def __init__(self, scale: float, rng: np.random.Generator | None):
+    def __init__(self, scale: float, rng: np.random.Generator | None) -> None:
         self.scale = scale
         self.rng = rng
         self.nodes: list[onnx.NodeProto] = []
@@ -479,8 +480,6 @@ def write_zoo(
     Returns the manifests as loaded (and validated) from their final place, in
     the order of `names` (all nine when empty).
     """
-    from model_prep.prepare_cli import ensure_store, prepare_network
-
     chosen = check_names(names) if names else list(ZOO_NAMES)
     scale = check_scale(scale)
     store = Path(store_dir)

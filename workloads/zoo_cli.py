@@ -1,18 +1,30 @@
 """`masa zoo`: build the paper's networks as replicas and prepare them into a store.
 
-This module owns only the command line: parsing and the summary table.
-Building is workloads.zoo; splitting, verifying, profiling and progress bars
-are model_prep (prepare_network).
+This module owns only the command line: parsing, the summary table and its
+JSON form (--json), and the exit code. Building is workloads.zoo; splitting,
+verifying, profiling and progress bars are model_prep (prepare_network).
+
+Exit codes follow masa.cli.main: 0 every network built; 1 the arguments were
+fine but preparing some network failed (model_prep.errors.RunFailed, e.g. a
+--verify mismatch): the others are still built and reported; 2 bad usage or
+input (UserError: unknown name, bad scale, unusable store), which stops at
+once; 3 internal error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from masa.common.errors import UserError
 from masa.common.units import format_bytes
+from model_prep.errors import RunFailed
+from model_prep.manifest import NetworkManifest
 from workloads.zoo import ZOO_NAMES, ZOO_SPECS, check_names, check_scale, write_zoo
+
+EXIT_FAILED = 1  # masa.cli.main's "ran but something failed"
 
 
 def _scale(text: str) -> float:
@@ -51,7 +63,40 @@ def register(subparsers: Any) -> None:
                              "input and fail unless the outputs agree")
     parser.add_argument("--runs", type=int, default=None, metavar="N",
                         help="timed runs per stage when profiling (profiler default)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON document")
     parser.set_defaults(handler=run_zoo)
+
+
+def _network_row(manifest: NetworkManifest) -> dict[str, Any]:
+    """One network's line of the summary, as plain data."""
+    stages = manifest.stages
+    exec_us = (sum(s.profile.exec_time_us for s in stages if s.profile)
+               if manifest.profiled else None)
+    return {
+        "name": manifest.name,
+        "paper_name": ZOO_SPECS[manifest.name].paper_name,
+        "stages": len(stages),
+        "conv_stages": sum(s.layer_type == "conv" for s in stages),
+        "fc_stages": sum(s.layer_type == "fc" for s in stages),
+        "weight_bytes": sum(s.weight_bytes for s in stages),
+        "exec_ms": None if exec_us is None else exec_us / 1000,
+    }
+
+
+def _print_table(args: argparse.Namespace, scale: float, rows: list[dict[str, Any]],
+                 failed: dict[str, str]) -> None:
+    print(f"{'network':<11} {'paper':<11} {'stages':>6} {'conv':>4} {'fc':>3} "
+          f"{'weights':>10} {'exec ms':>8}")
+    for row in rows:
+        exec_text = f"{row['exec_ms']:8.1f}" if row["exec_ms"] is not None else f"{'-':>8}"
+        print(f"{row['name']:<11} {row['paper_name']:<11} {row['stages']:>6} "
+              f"{row['conv_stages']:>4} {row['fc_stages']:>3} "
+              f"{format_bytes(row['weight_bytes']):>10} {exec_text}")
+    if args.verify and not failed:
+        print("verify: every network's stages reproduce its whole model")
+    print(f"store: {args.store} (scale {scale:g}, seed {args.seed}; random weights, "
+          "not trained models)")
 
 
 def run_zoo(args: argparse.Namespace) -> int:
@@ -61,22 +106,27 @@ def run_zoo(args: argparse.Namespace) -> int:
         raise UserError(f"--runs: expected a positive integer, got {args.runs}")
     # None: progress bars when stderr is a terminal, unless the user asked for quiet.
     show_progress = False if getattr(args, "quiet", False) else None
-    manifests = write_zoo(args.store, names, scale, profile=not args.no_profile,
-                          seed=args.seed, profile_runs=args.runs, verify=args.verify,
-                          show_progress=show_progress)
-    header = (f"{'network':<11} {'paper':<11} {'stages':>6} {'conv':>4} {'fc':>3} "
-              f"{'weights':>10} {'exec ms':>8}")
-    print(header)
-    for manifest in manifests:
-        stages = manifest.stages
-        exec_text = (f"{sum(s.profile.exec_time_us for s in stages if s.profile) / 1000:8.1f}"
-                     if manifest.profiled else f"{'-':>8}")
-        print(f"{manifest.name:<11} {ZOO_SPECS[manifest.name].paper_name:<11} {len(stages):>6} "
-              f"{sum(s.layer_type == 'conv' for s in stages):>4} "
-              f"{sum(s.layer_type == 'fc' for s in stages):>3} "
-              f"{format_bytes(sum(s.weight_bytes for s in stages)):>10} {exec_text}")
-    if args.verify:
-        print("verify: every network's stages reproduce its whole model")
-    print(f"store: {args.store} (scale {scale:g}, seed {args.seed}; random weights, "
-          "not trained models)")
-    return 0
+    rows: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    # One network at a time, so that a failed run (a --verify mismatch) is
+    # reported and the rest are still built; bad input (UserError) stops at once.
+    for name in names:
+        try:
+            (manifest,) = write_zoo(args.store, [name], scale, profile=not args.no_profile,
+                                    seed=args.seed, profile_runs=args.runs,
+                                    verify=args.verify, show_progress=show_progress)
+        except RunFailed as error:
+            failed[name] = str(error)
+            print(f"masa zoo: {name}: {error}", file=sys.stderr)
+            continue
+        rows.append(_network_row(manifest))
+    if args.json:
+        print(json.dumps({
+            "store": str(args.store), "scale": scale, "seed": args.seed,
+            "profiled": not args.no_profile, "verify": bool(args.verify),
+            "networks": rows,
+            "failed": [{"name": name, "error": error} for name, error in failed.items()],
+        }, indent=2))
+    else:
+        _print_table(args, scale, rows, failed)
+    return EXIT_FAILED if failed else 0

@@ -42,7 +42,8 @@ from masa.runtime.runner import (
 )
 from model_prep.manifest import MANIFEST_NAME, load_manifest
 from model_prep.prepare_cli import prepare_network
-from workloads.schema import InputSpec, load_input_file
+from workloads.inputs import load_input_file
+from workloads.model import InputSpec
 
 EXAMPLE_DIR = Path(__file__).resolve().parent
 WORKLOAD_PATH = EXAMPLE_DIR / "cascade.yaml"

@@ -19,11 +19,11 @@ from pathlib import Path
 from masa.cli.run import compare_reports, plot_comparison
 from masa.common.atomic import atomic_write_text
 from masa.common.units import format_bytes, parse_memory_bytes
-from masa.report.report import write_json
-from masa.runtime.runner import RunSettings, execute, outcome_report, prepare_run
+from masa.report.report import outcome_report, write_json
+from masa.runtime.runner import RunSettings, execute, prepare_run
 from masa.sched.jobs import stage_costs
 from model_prep.manifest import NetworkManifest
-from model_prep.split import stage_summary
+from model_prep.summary import stage_summary
 from workloads.zoo import write_zoo
 
 DEMO_NETWORKS = ("agenet", "gendernet", "tinyyolo", "facenet")

@@ -43,7 +43,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only `command`'s module is imported (all of them when None)."""
+    """The parser with `command` fully registered (its module imported) and every
+    other command as a one-line entry for `masa --help`."""
     parser = argparse.ArgumentParser(
         prog="masa",
         description="Memory-aware multi-DNN inference on small edge devices.",
@@ -55,8 +56,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="debug log and full tracebacks of internal errors")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    modules = ({COMMANDS[command][0]} if command in COMMANDS
-               else {module for module, _ in COMMANDS.values()} if command is None else set())
+    modules = {COMMANDS[command][0]} if command in COMMANDS else set()
     registered: set[str] = set()
     for name, (module, help_text) in COMMANDS.items():
         if module in modules:

@@ -1,4 +1,4 @@
-"""Reading this process's memory from /proc: current RSS, and the kernel's peak.
+"""Reading a process's memory: current RSS and the kernel's peak from /proc, by kind via psutil.
 
 `reset_peak()` writes 5 to /proc/self/clear_refs, which resets VmHWM (the
 high-water mark of RSS); `peak_rss_bytes()` then reads the exact peak since the
@@ -9,6 +9,8 @@ nothing else in the process allocates meanwhile (offline profiling).
 from __future__ import annotations
 
 import os
+
+import psutil
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -40,3 +42,15 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def process_memory_bytes(pid: int | None = None) -> dict[str, int]:
+    """A process's memory by kind, through psutil: resident (rss), of it anonymous and
+    file-backed (`shared`: RssFile + RssShmem), unique (uss), proportional (pss), swap.
+
+    Reads /proc/PID/smaps_rollup (a few ms for a large process): for reports and
+    metrics, not for the scheduler's per-decision reading (`rss_bytes`).
+    """
+    info = psutil.Process(pid).memory_full_info()
+    return {"rss": info.rss, "anonymous": info.rss - info.shared, "file_backed": info.shared,
+            "uss": info.uss, "pss": getattr(info, "pss", 0), "swap": getattr(info, "swap", 0)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,105 @@ def _network_status(entries: list[ScheduledTask], task_count: int) -> str:
     return "aborted" if ran else "skipped"
 
 
+@dataclass
+class _GraphIndex:
+    """What the report needs to know about the graph, by network instance (group)."""
+
+    tasks_by_group: dict[str, list[str]]
+    job_of_group: dict[str, int]
+    network_of_group: dict[str, str]
+    arrivals_us: dict[int, int]
+    loaded_bytes_of: dict[str, int]  # LOAD task -> bytes its locks keep loaded
+
+
+def _index_graph(graph: TaskGraph, job_arrivals_us: Mapping[int, int] | None) -> _GraphIndex:
+    index = _GraphIndex({}, {}, {}, {}, {})
+    for task in graph.tasks:
+        index.tasks_by_group.setdefault(task.group, []).append(task.task_id)
+        index.job_of_group[task.group] = task.job_id
+        index.network_of_group[task.group] = task.network or task.group
+        index.arrivals_us[task.job_id] = min(
+            index.arrivals_us.get(task.job_id, task.release_us), task.release_us)
+    index.arrivals_us.update(job_arrivals_us or {})
+    for lock in graph.locks:
+        if graph.by_id[lock.from_task].kind is TaskKind.LOAD:
+            index.loaded_bytes_of[lock.from_task] = (
+                index.loaded_bytes_of.get(lock.from_task, 0) + lock.memory_bytes)
+    return index
+
+
+def _network_record(graph: TaskGraph, index: _GraphIndex, group: str,
+                    entries: list[ScheduledTask], arrival_us: int, status: str) -> dict[str, Any]:
+    ran = [e for e in entries if e.worker >= 0]
+    load_us = sum(e.end_us - e.start_us for e in ran
+                  if graph.by_id[e.task_id].kind is TaskKind.LOAD)
+    exec_us = sum(e.end_us - e.start_us for e in ran
+                  if graph.by_id[e.task_id].kind is not TaskKind.LOAD)
+    finish_us = max((e.end_us for e in entries), default=None)
+    return {
+        "network": index.network_of_group[group],
+        "group": group,
+        "status": status,
+        "start_us": min((e.start_us for e in ran), default=None),
+        "finish_us": finish_us,
+        "response_us": None if finish_us is None else finish_us - arrival_us,
+        "load_us": load_us,
+        "exec_us": exec_us,
+        "loaded_bytes": sum(index.loaded_bytes_of.get(e.task_id, 0) for e in ran),
+        "wasted_us": load_us + exec_us if status == "aborted" else 0,
+    }
+
+
+def _job_records(graph: TaskGraph, schedule: Sequence[ScheduledTask], index: _GraphIndex,
+                 network_status: Mapping[str, str] | None,
+                 network_reason: Mapping[str, str] | None) -> dict[int, dict[str, Any]]:
+    entries_by_group: dict[str, list[ScheduledTask]] = {}
+    for entry in schedule:
+        task = graph.by_id.get(entry.task_id)
+        if task is not None:
+            entries_by_group.setdefault(task.group, []).append(entry)
+    jobs = {job_id: {"job_id": job_id, "arrival_us": index.arrivals_us[job_id],
+                     "finish_us": None, "response_us": None, "status": "done", "networks": []}
+            for job_id in sorted(index.arrivals_us)}
+    for group in sorted(index.tasks_by_group, key=lambda g: (index.job_of_group[g], g)):
+        entries = entries_by_group.get(group, [])
+        job = jobs[index.job_of_group[group]]
+        status = _network_status(entries, len(index.tasks_by_group[group]))
+        # Overrides outside the report's vocabulary (the core's "cancelled",
+        # "active") keep the status derived from the schedule.
+        if network_status and network_status.get(group) in NETWORK_STATUSES:
+            status = network_status[group]
+        record = _network_record(graph, index, group, entries, job["arrival_us"], status)
+        if network_reason and group in network_reason:
+            record["reason"] = network_reason[group]
+        job["networks"].append(record)
+        if record["finish_us"] is not None:
+            job["finish_us"] = max(job["finish_us"] or record["finish_us"], record["finish_us"])
+        if status == "failed":
+            job["status"] = "failed"
+    for job in jobs.values():
+        if job["finish_us"] is not None:
+            job["response_us"] = job["finish_us"] - job["arrival_us"]
+    return jobs
+
+
+def _per_network(jobs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    per_network: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        for network in job["networks"]:
+            summary = per_network.setdefault(
+                network["network"], {"count": 0, **dict.fromkeys(NETWORK_STATUSES, 0),
+                                     "_responses": [], "wasted_us": 0})
+            summary["count"] += 1
+            summary[network["status"]] = summary.get(network["status"], 0) + 1
+            summary["wasted_us"] += network["wasted_us"]
+            if network["status"] == "done" and network["response_us"] is not None:
+                summary["_responses"].append(network["response_us"])
+    for summary in per_network.values():
+        summary["response_us"] = _stats_us(summary.pop("_responses"))
+    return per_network
+
+
 def build_report(
     graph: TaskGraph,
     schedule: Sequence[ScheduledTask],
@@ -79,94 +179,17 @@ def build_report(
     reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
       from the schedule with masa.sched.checker.memory_profile.
     """
-    entries_by_group: dict[str, list[ScheduledTask]] = {}
-    for entry in schedule:
-        task = graph.by_id.get(entry.task_id)
-        if task is not None:
-            entries_by_group.setdefault(task.group, []).append(entry)
-    tasks_by_group: dict[str, list[str]] = {}
-    job_of_group: dict[str, int] = {}
-    network_of_group: dict[str, str] = {}
-    releases: dict[int, int] = {}
-    for task in graph.tasks:
-        tasks_by_group.setdefault(task.group, []).append(task.task_id)
-        job_of_group[task.group] = task.job_id
-        network_of_group[task.group] = task.network or task.group
-        releases[task.job_id] = min(releases.get(task.job_id, task.release_us), task.release_us)
-    arrivals = dict(releases)
-    if job_arrivals_us:
-        arrivals.update(job_arrivals_us)
-    loaded_bytes_of: dict[str, int] = {}
-    for lock in graph.locks:
-        if graph.by_id[lock.from_task].kind is TaskKind.LOAD:
-            loaded_bytes_of[lock.from_task] = loaded_bytes_of.get(lock.from_task, 0) + \
-                lock.memory_bytes
-
-    jobs: dict[int, dict[str, Any]] = {}
-    for job_id in sorted(arrivals):
-        jobs[job_id] = {"job_id": job_id, "arrival_us": arrivals[job_id], "finish_us": None,
-                        "response_us": None, "status": "done", "networks": []}
-    for group in sorted(tasks_by_group, key=lambda g: (job_of_group[g], g)):
-        entries = entries_by_group.get(group, [])
-        job = jobs[job_of_group[group]]
-        status = _network_status(entries, len(tasks_by_group[group]))
-        # Overrides outside the report's vocabulary (the core's "cancelled",
-        # "active") keep the status derived from the schedule.
-        if network_status and network_status.get(group) in NETWORK_STATUSES:
-            status = network_status[group]
-        ran = [e for e in entries if e.worker >= 0]
-        load_us = sum(e.end_us - e.start_us for e in ran
-                      if graph.by_id[e.task_id].kind is TaskKind.LOAD)
-        exec_us = sum(e.end_us - e.start_us for e in ran
-                      if graph.by_id[e.task_id].kind is not TaskKind.LOAD)
-        finish_us = max((e.end_us for e in entries), default=None)
-        record: dict[str, Any] = {
-            "network": network_of_group[group],
-            "group": group,
-            "status": status,
-            "start_us": min((e.start_us for e in ran), default=None),
-            "finish_us": finish_us,
-            "response_us": None if finish_us is None else finish_us - job["arrival_us"],
-            "load_us": load_us,
-            "exec_us": exec_us,
-            "loaded_bytes": sum(loaded_bytes_of.get(e.task_id, 0) for e in ran),
-            "wasted_us": load_us + exec_us if status == "aborted" else 0,
-        }
-        if network_reason and group in network_reason:
-            record["reason"] = network_reason[group]
-        job["networks"].append(record)
-        if finish_us is not None:
-            job["finish_us"] = max(job["finish_us"] or finish_us, finish_us)
-        if status == "failed":
-            job["status"] = "failed"
-    for job in jobs.values():
-        if job["finish_us"] is not None:
-            job["response_us"] = job["finish_us"] - job["arrival_us"]
-
+    index = _index_graph(graph, job_arrivals_us)
+    jobs = _job_records(graph, schedule, index, network_status, network_reason)
+    per_network = _per_network(jobs.values())
     ran_all = [e for e in schedule if e.worker >= 0 and e.task_id in graph.by_id]
-    first_arrival_us = min(arrivals.values(), default=0)
+    first_arrival_us = min(index.arrivals_us.values(), default=0)
     last_end_us = max((e.end_us for e in ran_all), default=first_arrival_us)
     span_us = max(0, last_end_us - first_arrival_us)
     busy_us = sum(e.end_us - e.start_us for e in ran_all)
     timeline = list(reserved_timeline) if reserved_timeline is not None else \
         memory_profile(graph, schedule)
     peak_reserved_bytes = max((b for _, b in timeline), default=0)
-    peak_measured_bytes = max((b for _, b in measured_memory), default=None)
-
-    per_network: dict[str, dict[str, Any]] = {}
-    for job in jobs.values():
-        for network in job["networks"]:
-            summary = per_network.setdefault(
-                network["network"], {"count": 0, **dict.fromkeys(NETWORK_STATUSES, 0),
-                                     "_responses": [], "wasted_us": 0})
-            summary["count"] += 1
-            summary[network["status"]] = summary.get(network["status"], 0) + 1
-            summary["wasted_us"] += network["wasted_us"]
-            if network["status"] == "done" and network["response_us"] is not None:
-                summary["_responses"].append(network["response_us"])
-    for summary in per_network.values():
-        summary["response_us"] = _stats_us(summary.pop("_responses"))
-
     job_responses = [j["response_us"] for j in jobs.values()
                      if j["status"] != "failed" and j["response_us"] is not None]
     over_commit_list = [
@@ -188,7 +211,7 @@ def build_report(
             "first_arrival_us": first_arrival_us,
             "last_end_us": last_end_us,
             "peak_reserved_bytes": peak_reserved_bytes,
-            "peak_measured_bytes": peak_measured_bytes,
+            "peak_measured_bytes": max((b for _, b in measured_memory), default=None),
             "over_budget": peak_reserved_bytes > memory_budget_bytes,
             "over_commits": len(over_commit_list),
             "busy_us": busy_us,
@@ -323,6 +346,7 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
         over_commits=outcome.over_commits,
         meta={"context": outcome.context, "simulated": outcome.simulated,
               "memory_source": settings.memory_source, "errors": outcome.errors,
+              "process_memory_after_bytes": outcome.process_memory_after,
               **dict(meta or {})},
     )
 

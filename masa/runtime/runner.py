@@ -26,19 +26,14 @@ from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
 from masa.runtime.virtual import simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
 from masa.sched.core import OverCommit
-from masa.sched.jobs import JobSpec, build_job_graph, build_workload_graph, group_id
-from masa.sched.taskgraph import ScheduledTask, TaskGraph
+from masa.sched.jobs import JobSpec, build_job_graph, build_workload_graph, group_id, task_id
+from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
 from model_prep.feeds import bind_feeds
 from model_prep.manifest import NetworkManifest, load_store_network
-from workloads.conditions import TENSOR_PREDICATE_KINDS
-from workloads.schema import (
-    Workload,
-    generate_jobs,
-    load_workload,
-    network_inputs,
-    resolve_workload_path,
-    should_run,
-)
+from workloads.generation import generate_jobs, resolve_workload_path, should_run
+from workloads.inputs import network_inputs
+from workloads.loader import load_workload
+from workloads.model import TENSOR_PREDICATE_KINDS, Workload
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +95,7 @@ class RunOutcome:
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    process_memory_after: dict[str, int] = field(default_factory=dict)  # real runs: by kind
 
 
 def load_manifests(store_dir: str | Path, names: Sequence[str]) -> dict[str, NetworkManifest]:
@@ -156,8 +152,8 @@ def _with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: W
                 consumed = {p for s in manifests[upstream].stages for p in s.producers}
                 sinks = [s.stage_id for s in manifests[upstream].stages
                          if s.stage_id not in consumed]
-                extra += [(f"{group_id(job.job_id, upstream)}/{sink}/exec",
-                           f"{group_id(job.job_id, network)}/{entry}/exec")
+                extra += [(task_id(job.job_id, upstream, sink, TaskKind.EXEC),
+                           task_id(job.job_id, network, entry, TaskKind.EXEC))
                           for sink in sinks for entry in entries]
     if not extra:
         return graph
@@ -244,7 +240,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         peak_measured_bytes=result.peak_rss_bytes - result.baseline_rss_bytes,
         live_sessions_after=result.live_sessions_after,
         dispatch_order=result.dispatch_order, errors=result.errors,
-        outputs=result.outputs,
+        outputs=result.outputs, process_memory_after=result.process_memory_after,
     )
 
 

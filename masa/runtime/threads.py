@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from masa.common.procmem import rss_bytes
+from masa.common.procmem import process_memory_bytes, rss_bytes
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
 from masa.runtime.registry import make_policy
 from masa.sched.context import ContextController, parse_group
@@ -87,6 +87,7 @@ class RealRunResult:
     live_tensors_after: int
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # group -> first error
+    process_memory_after: dict[str, int] = field(default_factory=dict)  # procmem, by kind
 
 
 class _Stages:
@@ -269,8 +270,7 @@ class ThreadBackend:
 
     def job_ended(self, job_id: int) -> None:
         if not self.config.keep_outputs:
-            prefix = f"j{job_id}/"
-            for group in [g for g in self.outputs if g.startswith(prefix)]:
+            for group in [g for g in self.outputs if parse_group(g)[0] == job_id]:
                 del self.outputs[group]
 
     def upstream_outputs(self, job_id: int) -> dict[str, dict[str, np.ndarray]]:
@@ -406,4 +406,5 @@ class RealExecutor:
             live_tensors_after=len(backend.stages.tensors),
             dispatch_order=self.recorder.dispatch_order,
             errors=self.driver.errors,
+            process_memory_after=process_memory_bytes(),
         )

@@ -16,7 +16,7 @@ memory-oblivious) dispatch may exceed the budget, nothing else may.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
 
@@ -81,6 +81,106 @@ def peak_memory_bytes(graph: TaskGraph, schedule: Sequence[ScheduledTask]) -> in
     return max((held for _, held in memory_profile(graph, schedule)), default=0)
 
 
+class _Problems:
+    """Violations as readable lines, at most _MAX_PROBLEMS_PER_KIND of each kind."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def add(self, kind: str, message: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self.counts[kind] <= _MAX_PROBLEMS_PER_KIND:
+            self.lines.append(message)
+
+    def summary(self) -> list[str]:
+        return self.lines + [f"... and {count - _MAX_PROBLEMS_PER_KIND} more {kind} problems"
+                             for kind, count in self.counts.items()
+                             if count > _MAX_PROBLEMS_PER_KIND]
+
+
+def _known_entries(graph: TaskGraph, schedule: Sequence[ScheduledTask],
+                   problems: _Problems) -> dict[str, ScheduledTask]:
+    entries: dict[str, ScheduledTask] = {}
+    for entry in schedule:
+        if entry.task_id not in graph.by_id:
+            problems.add("unknown", f"unknown task {entry.task_id!r} in the schedule")
+            continue
+        if entry.task_id in entries:
+            problems.add("duplicate", f"task {entry.task_id!r} appears twice")
+            continue
+        entries[entry.task_id] = entry
+        if entry.end_us < entry.start_us:
+            problems.add("interval", f"task {entry.task_id!r} ends at {entry.end_us} us "
+                                     f"before it starts at {entry.start_us} us")
+    return entries
+
+
+def _check_times(graph: TaskGraph, ran: Mapping[str, ScheduledTask], check_durations: bool,
+                 problems: _Problems) -> None:
+    for task_id, entry in ran.items():
+        task = graph.by_id[task_id]
+        if entry.start_us < task.release_us:
+            problems.add("release", f"task {task_id!r} starts at {entry.start_us} us before "
+                                    f"its release at {task.release_us} us")
+        if check_durations and entry.status == "done" and \
+                entry.end_us - entry.start_us != task.duration_us:
+            problems.add("duration", f"task {task_id!r} ran {entry.end_us - entry.start_us} "
+                                     f"us, expected {task.duration_us} us")
+
+
+def _check_order(graph: TaskGraph, entries: Mapping[str, ScheduledTask],
+                 ran: Mapping[str, ScheduledTask], problems: _Problems) -> None:
+    for before, after in graph.precedence:
+        if after not in ran:
+            continue
+        pred = entries.get(before)
+        if pred is None or pred.worker < 0 or pred.status != "done":
+            problems.add("precedence",
+                         f"precedence: {after!r} ran but {before!r} did not complete")
+        elif pred.end_us > ran[after].start_us:
+            problems.add("precedence", f"precedence: {after!r} starts at "
+                                       f"{ran[after].start_us} us before {before!r} ends at "
+                                       f"{pred.end_us} us")
+    for before, after in graph.start_after:
+        if after not in ran:
+            continue
+        started = ran.get(before)
+        if started is None:
+            problems.add("start_after",
+                         f"start_after: {after!r} ran but {before!r} never started")
+        elif started.start_us > ran[after].start_us:
+            problems.add("start_after", f"start_after: {after!r} starts at "
+                                        f"{ran[after].start_us} us before {before!r} starts "
+                                        f"at {started.start_us} us")
+
+
+def _check_workers(ran: Mapping[str, ScheduledTask], workers: int, problems: _Problems) -> None:
+    by_worker: dict[int, list[ScheduledTask]] = {}
+    for entry in ran.values():
+        if entry.worker >= workers:
+            problems.add("worker", f"task {entry.task_id!r} runs on worker {entry.worker}, "
+                                   f"but there are only {workers} workers")
+        by_worker.setdefault(entry.worker, []).append(entry)
+    for worker, worker_entries in sorted(by_worker.items()):
+        worker_entries.sort(key=lambda e: (e.start_us, e.end_us))
+        for first, second in zip(worker_entries, worker_entries[1:], strict=False):
+            if second.start_us < first.end_us:
+                problems.add("overlap", f"worker {worker} runs {first.task_id!r} and "
+                                        f"{second.task_id!r} at once at {second.start_us} us")
+    busy_deltas: dict[int, int] = {}
+    for entry in ran.values():
+        if entry.end_us > entry.start_us:
+            busy_deltas[entry.start_us] = busy_deltas.get(entry.start_us, 0) + 1
+            busy_deltas[entry.end_us] = busy_deltas.get(entry.end_us, 0) - 1
+    busy = 0
+    for time_us in sorted(busy_deltas):
+        busy += busy_deltas[time_us]
+        if busy > workers:
+            problems.add("workers", f"{busy} tasks run at once at {time_us} us, "
+                                    f"more than {workers} workers")
+
+
 def check_schedule(
     graph: TaskGraph,
     schedule: Sequence[ScheduledTask],
@@ -99,91 +199,20 @@ def check_schedule(
     at once, memory within budget outside allowed over-commits; optionally
     that every task appears and that done tasks took exactly `duration_us`.
     """
-    problems: list[str] = []
-    counts: dict[str, int] = {}
-
-    def report(kind: str, message: str) -> None:
-        counts[kind] = counts.get(kind, 0) + 1
-        if counts[kind] <= _MAX_PROBLEMS_PER_KIND:
-            problems.append(message)
-
-    entries: dict[str, ScheduledTask] = {}
-    for entry in schedule:
-        if entry.task_id not in graph.by_id:
-            report("unknown", f"unknown task {entry.task_id!r} in the schedule")
-            continue
-        if entry.task_id in entries:
-            report("duplicate", f"task {entry.task_id!r} appears twice")
-            continue
-        entries[entry.task_id] = entry
-        if entry.end_us < entry.start_us:
-            report("interval", f"task {entry.task_id!r} ends at {entry.end_us} us "
-                               f"before it starts at {entry.start_us} us")
+    problems = _Problems()
+    entries = _known_entries(graph, schedule, problems)
     if require_all_tasks:
         for task in graph.tasks:
             if task.task_id not in entries:
-                report("missing", f"task {task.task_id!r} is missing from the schedule")
+                problems.add("missing", f"task {task.task_id!r} is missing from the schedule")
     ran = {task_id: entry for task_id, entry in entries.items() if entry.worker >= 0}
-
-    for task_id, entry in ran.items():
-        task = graph.by_id[task_id]
-        if entry.start_us < task.release_us:
-            report("release", f"task {task_id!r} starts at {entry.start_us} us before its "
-                              f"release at {task.release_us} us")
-        if check_durations and entry.status == "done" and \
-                entry.end_us - entry.start_us != task.duration_us:
-            report("duration", f"task {task_id!r} ran {entry.end_us - entry.start_us} us, "
-                               f"expected {task.duration_us} us")
-
-    for before, after in graph.precedence:
-        if after not in ran:
-            continue
-        pred = entries.get(before)
-        if pred is None or pred.worker < 0 or pred.status != "done":
-            report("precedence", f"precedence: {after!r} ran but {before!r} did not complete")
-        elif pred.end_us > ran[after].start_us:
-            report("precedence", f"precedence: {after!r} starts at {ran[after].start_us} us "
-                                 f"before {before!r} ends at {pred.end_us} us")
-    for before, after in graph.start_after:
-        if after not in ran:
-            continue
-        pred = ran.get(before)
-        if pred is None:
-            report("start_after", f"start_after: {after!r} ran but {before!r} never started")
-        elif pred.start_us > ran[after].start_us:
-            report("start_after", f"start_after: {after!r} starts at {ran[after].start_us} us "
-                                  f"before {before!r} starts at {pred.start_us} us")
-
-    by_worker: dict[int, list[ScheduledTask]] = {}
-    for entry in ran.values():
-        if entry.worker >= workers:
-            report("worker", f"task {entry.task_id!r} runs on worker {entry.worker}, "
-                             f"but there are only {workers} workers")
-        by_worker.setdefault(entry.worker, []).append(entry)
-    for worker, worker_entries in sorted(by_worker.items()):
-        worker_entries.sort(key=lambda e: (e.start_us, e.end_us))
-        for first, second in zip(worker_entries, worker_entries[1:], strict=False):
-            if second.start_us < first.end_us:
-                report("overlap", f"worker {worker} runs {first.task_id!r} and "
-                                  f"{second.task_id!r} at once at {second.start_us} us")
-    busy_deltas: dict[int, int] = {}
-    for entry in ran.values():
-        if entry.end_us > entry.start_us:
-            busy_deltas[entry.start_us] = busy_deltas.get(entry.start_us, 0) + 1
-            busy_deltas[entry.end_us] = busy_deltas.get(entry.end_us, 0) - 1
-    busy = 0
-    for time_us in sorted(busy_deltas):
-        busy += busy_deltas[time_us]
-        if busy > workers:
-            report("workers", f"{busy} tasks run at once at {time_us} us, "
-                              f"more than {workers} workers")
-
+    _check_times(graph, ran, check_durations, problems)
+    _check_order(graph, entries, ran, problems)
+    _check_workers(ran, workers, problems)
     allowed = set(allowed_over_commits)
     for time_us, held_bytes in memory_profile(graph, list(entries.values()), excluded=allowed):
         if held_bytes > memory_budget_bytes:
-            report("memory", f"memory {held_bytes} bytes at {time_us} us exceeds the budget "
-                             f"of {memory_budget_bytes} bytes (no recorded over-commit)")
-    for kind, count in counts.items():
-        if count > _MAX_PROBLEMS_PER_KIND:
-            problems.append(f"... and {count - _MAX_PROBLEMS_PER_KIND} more {kind} problems")
-    return problems
+            problems.add("memory", f"memory {held_bytes} bytes at {time_us} us exceeds the "
+                                   f"budget of {memory_budget_bytes} bytes (no recorded "
+                                   "over-commit)")
+    return problems.summary()

@@ -255,7 +255,24 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
 
     Edges and locks may name tasks added earlier; locks must open at a new task.
     """
-    new_ids = [task.task_id for task in graph.tasks]
+    problems = _graph_problems(state, graph)
+    if problems:
+        raise SchedulerError("; ".join(problems[:5]))
+    added = _add_task_infos(state, graph)
+    doomed = _link(state, graph)
+    for info in added:
+        state.policy.on_added(state, info)
+    for task_id in doomed:
+        info = state.tasks[task_id]
+        if info.state not in TERMINAL:
+            _end_group(state, info.task.group, GroupStatus.CANCELLED,
+                       "a predecessor had already ended without running")
+    if arrived:
+        arrive(state, [task.task_id for task in graph.tasks])
+
+
+def _graph_problems(state: SchedulerState, graph: TaskGraph) -> list[str]:
+    """Why the graph cannot join the state (unknown or duplicate ids, cycles...)."""
     known = state.tasks
     problems: list[str] = []
     seen: set[str] = set()
@@ -284,22 +301,23 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
             if task_id not in seen and task_id not in known:
                 problems.append(f"lock {lock.lock_id!r} names unknown task {task_id!r}")
     if not problems:
+        new_ids = [task.task_id for task in graph.tasks]
         inner = tuple(
             (a, b) for a, b in graph.precedence + graph.start_after if a in seen and b in seen
         )
         if topological_order(new_ids, inner) is None:
-            cycle = find_cycle(new_ids, inner)
-            problems.append("cyclic dependencies: " + " -> ".join(cycle))
-    if problems:
-        raise SchedulerError("; ".join(problems[:5]))
+            problems.append("cyclic dependencies: " + " -> ".join(find_cycle(new_ids, inner)))
+    return problems
 
+
+def _add_task_infos(state: SchedulerState, graph: TaskGraph) -> list[TaskInfo]:
     footprint = {task.task_id: task.memory_bytes for task in graph.tasks}
     for lock in graph.locks:
         footprint[lock.from_task] += lock.memory_bytes
     added: list[TaskInfo] = []
     for task in graph.tasks:
         info = TaskInfo(task=task, footprint_bytes=footprint[task.task_id])
-        known[task.task_id] = info
+        state.tasks[task.task_id] = info
         added.append(info)
         group = state.groups.get(task.group)
         if group is None:
@@ -310,11 +328,16 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
         group.task_ids.append(task.task_id)
         group.open_count += 1
         state.open_count += 1
-    # Predecessors that already ended badly doom their successors.
+    return added
+
+
+def _link(state: SchedulerState, graph: TaskGraph) -> list[str]:
+    """Record edges and locks; returns new tasks whose predecessors already ended badly."""
+    known = state.tasks
     doomed: list[str] = []
     for before, after in graph.precedence:
         pred = known[before]
-        known[before].successors.append(after)
+        pred.successors.append(after)
         if pred.state is not TaskState.DONE:
             known[after].waiting_preds += 1
             if pred.state in TERMINAL:
@@ -334,15 +357,7 @@ def add_tasks(state: SchedulerState, graph: TaskGraph, *, arrived: bool = True) 
                 open_until += 1
         known[lock.from_task].locks_from.append(lock.lock_id)
         state.locks[lock.lock_id] = LockInfo(lock=lock, open_until=open_until)
-    for info in added:
-        state.policy.on_added(state, info)
-    for task_id in doomed:
-        info = known[task_id]
-        if info.state not in TERMINAL:
-            _end_group(state, info.task.group, GroupStatus.CANCELLED,
-                       "a predecessor had already ended without running")
-    if arrived:
-        arrive(state, new_ids)
+    return doomed
 
 
 def arrive(state: SchedulerState, task_ids: Iterable[str]) -> None:

@@ -1,59 +1,45 @@
-"""The workload YAML: its dataclasses, its validating loader, and the jobs it generates.
+"""Reading and validating a workload file into a `Workload`, every problem at once.
 
-Owns the format documented in docs/workload-format.md: a job graph of named
-networks (with `after:` upstreams, `when:` conditions and `input:`
-transforms), the job input, the arrival process, the per-job composition and
-an optional traffic intensity. `load_workload` validates a file and reports
-every problem at once with its path (``lifelog.yaml: at 'graph.facenet.after':
-unknown network 'facenet2'``); `generate_jobs` turns a workload into a seeded
-list of `JobSpec`; `should_run` and `network_inputs` are what an executor asks
-at run time. Packaged scenario files are found with `scenario_path`.
+Owns the checks of docs/workload-format.md: `load_workload` parses the YAML
+(refusing duplicate keys), checks every section with one
+`masa.common.errors.ErrorCollector`, so every problem is reported together,
+each with its path (``lifelog.yaml: at 'graph.facenet.after': unknown network
+'facenet2'``), and raises one `ValidationError` (a UserError: exit code 2 in
+the CLI). With a store it also checks network and output names against the
+manifests and resolves an `intensity:` into an arrival rate.
+
+The objects it builds are workloads.model; what is derived from them (jobs,
+run-time decisions, scenarios) is workloads.generation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from masa.common.errors import ErrorCollector, UserError
-from masa.sched.jobs import JobSpec
-from model_prep.manifest import MANIFEST_NAME, NetworkManifest, TensorSpec, load_manifest
-from workloads.arrivals import (
-    ARRIVAL_KINDS,
-    US_PER_S,
-    Arrival,
-    Composition,
-    arrival_times_us,
-    draw_networks,
-    rate_for_intensity,
-    with_rate,
-)
-from workloads.conditions import (
+from masa.common.graphs import find_cycle, topological_order
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest
+from workloads.arrivals import ARRIVAL_KINDS, Arrival, Composition
+from workloads.conditions import CALLABLE_FORMS, callable_reference, resolve_callable
+from workloads.generation import apply_intensity
+from workloads.inputs import load_input_file
+from workloads.model import (
     BOX_COORDS,
-    CALLABLE_FORMS,
     PREDICATE_KINDS,
     TENSOR_PREDICATE_KINDS,
+    WORKLOAD_FORMAT,
     Condition,
+    InputSpec,
+    NetworkNode,
     Transform,
-    UpstreamOutputs,
-    apply_transform,
-    callable_reference,
-    conditions_hold,
-    fit_to_input,
-    input_rng,
-    random_input,
-    resolve_callable,
+    Workload,
 )
 
-WORKLOAD_FORMAT = 1
-SCENARIO_DIR = Path(__file__).parent / "scenarios"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff")
 _RATE_FIELDS = {"periodic": "interval_ms", "normal": "mean_ms", "poisson": "rate_per_s"}
 _ARRIVAL_FIELDS = {
     "periodic": {"interval_ms"},
@@ -63,71 +49,6 @@ _ARRIVAL_FIELDS = {
 }
 _TOP_FIELDS = {"format", "name", "description", "graph", "input", "arrivals", "composition",
                "intensity"}
-
-
-@dataclass(frozen=True)
-class NetworkNode:
-    """One network of the job graph."""
-
-    name: str
-    after: tuple[str, ...] = ()  # upstream networks
-    when: tuple[Condition, ...] = ()  # all must hold (after every upstream finished)
-    transform: Transform | None = None  # None: the network gets the job input
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """The job input: random data of each model's input shape, or one file."""
-
-    kind: str  # "random" or "file"
-    path: Path | None = None
-    array: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    source: Path
-    nodes: tuple[NetworkNode, ...]  # in network order: upstreams before downstreams
-    input: InputSpec
-    arrivals: Arrival
-    composition: Composition = Composition()
-    intensity: float | None = None  # traffic intensity the arrival rate was set from
-    description: str = ""
-
-    @property
-    def networks(self) -> tuple[str, ...]:
-        """The network order: file order, moved only where an upstream came later."""
-        return tuple(node.name for node in self.nodes)
-
-    @property
-    def seed(self) -> int:
-        return self.arrivals.seed
-
-    @property
-    def rate_resolved(self) -> bool:
-        return self.arrivals.kind == "trace" or self.arrivals.mean_rate_per_s is not None
-
-    @property
-    def context_aware(self) -> bool:
-        return any(node.after for node in self.nodes)
-
-    def node(self, network: str) -> NetworkNode:
-        for node in self.nodes:
-            if node.name == network:
-                return node
-        raise KeyError(network)
-
-    def downstreams(self, network: str) -> tuple[str, ...]:
-        """Networks that depend on `network`, directly or transitively, in network order."""
-        reached = {network}
-        for node in self.nodes:  # network order is topological: one pass suffices
-            if any(upstream in reached for upstream in node.after):
-                reached.add(node.name)
-        return tuple(name for name in self.networks if name in reached and name != network)
-
-
-# ----------------------------------------------------------------- loading
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -183,7 +104,7 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     manifests = _store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
     if manifests:
         _check_outputs(errors, nodes, manifests)
-    ordered = _topological(errors, nodes)
+    ordered = _network_order(errors, nodes)
     input_spec = _parse_input(errors, raw.get("input", "random"), source.parent)
     intensity = _parse_intensity(errors, raw)
     arrivals = _parse_arrivals(errors, raw.get("arrivals"), intensity is not None)
@@ -197,46 +118,6 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     if intensity is not None and len(manifests) == len(ordered):
         workload = apply_intensity(workload, manifests)
     return workload
-
-
-def apply_intensity(
-    workload: Workload,
-    manifests: Mapping[str, NetworkManifest],
-    intensity: float | None = None,
-) -> Workload:
-    """The workload with its arrival rate set from a traffic intensity.
-
-    intensity defaults to the workload's `intensity:`; the mean network time is
-    taken over the workload's networks (profiles, or estimates when unprofiled).
-    """
-    target = intensity if intensity is not None else workload.intensity
-    if target is None:
-        raise UserError(f"{workload.source}: at 'intensity': no intensity to apply")
-    if workload.arrivals.kind == "trace":
-        raise UserError(f"{workload.source}: at 'intensity': trace arrivals have fixed times")
-    try:
-        rate_per_s = rate_for_intensity(target, manifests, workload.networks)
-    except (KeyError, ValueError) as error:
-        raise UserError(f"{workload.source}: at 'intensity': {error}") from None
-    return replace(workload, arrivals=with_rate(workload.arrivals, rate_per_s),
-                   intensity=float(target))
-
-
-def with_label_probability(workload: Workload, probability: float) -> Workload:
-    """The workload with every `probability:` condition set to `probability`.
-
-    For the context-aware benchmarks, which sweep the label probability of the
-    light and heavy scenarios (0, 0.25, ..., 1) on one file.
-    """
-    if not 0.0 <= probability <= 1.0:
-        raise ValueError(f"probability must be in [0, 1], got {probability}")
-    nodes = tuple(
-        replace(node, when=tuple(
-            replace(c, probability=float(probability)) if c.kind == "probability" else c
-            for c in node.when))
-        for node in workload.nodes
-    )
-    return replace(workload, nodes=nodes)
 
 
 def _unknown_keys(errors: ErrorCollector, raw: Mapping[str, Any], known: set[str],
@@ -444,36 +325,23 @@ def _parse_transform(errors: ErrorCollector, raw: Any, path: str,
                      coords=coords, margin=margin)
 
 
-def _topological(errors: ErrorCollector, nodes: list[NetworkNode]) -> tuple[NetworkNode, ...]:
-    """Nodes with upstreams first, otherwise in file order; cycles are reported."""
+def _network_order(errors: ErrorCollector, nodes: list[NetworkNode]
+                   ) -> tuple[NetworkNode, ...]:
+    """Nodes with upstreams first, otherwise in file order; a cycle is reported."""
     by_name = {node.name: node for node in nodes}
-    remaining = {node.name: set(node.after) for node in nodes}
-    ordered: list[NetworkNode] = []
-    while remaining:
-        ready = [node.name for node in nodes if node.name in remaining
-                 and not remaining[node.name]]
-        if not ready:
-            cycle = _cycle(remaining)
-            errors.add(f"graph.{cycle[0]}.after", f"cycle in the job graph: {' -> '.join(cycle)}")
-            return tuple(nodes)
-        first = ready[0]  # the earliest in the file: keeps the user's order where possible
-        ordered.append(by_name[first])
-        del remaining[first]
-        for upstreams in remaining.values():
-            upstreams.discard(first)
-    return tuple(ordered)
-
-
-def _cycle(remaining: dict[str, set[str]]) -> list[str]:
-    # Every remaining node has a remaining upstream: walk upstreams until one repeats.
-    start = sorted(remaining)[0]
-    path = [start]
-    while True:
-        upstream = sorted(remaining[path[-1]])[0]
-        if upstream in path:
-            loop = path[path.index(upstream):] + [upstream]
-            return list(reversed(loop))  # read as upstream -> downstream
-        path.append(upstream)
+    names = list(by_name)
+    order = topological_order(names, [(up, node.name) for node in nodes for up in node.after])
+    if order is not None:
+        return tuple(by_name[name] for name in order)
+    # Walk upstream edges from names in sorted order, each node's upstreams sorted
+    # too, so the cycle reported (and where) depends only on the graph, never on
+    # the file's order. find_cycle's path runs downstream -> upstream: reversed,
+    # it reads as the data flows.
+    cycle = find_cycle(sorted(names),
+                       sorted((node.name, up) for node in nodes for up in node.after))
+    cycle.reverse()
+    errors.add(f"graph.{cycle[0]}.after", f"cycle in the job graph: {' -> '.join(cycle)}")
+    return tuple(nodes)
 
 
 def _store_manifests(errors: ErrorCollector, store_dir: Path,
@@ -557,27 +425,6 @@ def _parse_input(errors: ErrorCollector, raw: Any, base_dir: Path) -> InputSpec:
     return InputSpec(kind="file", path=path, array=array)
 
 
-def load_input_file(path: Path) -> np.ndarray:
-    """A .npy array, or an image as height x width x channels uint8. Raises ValueError."""
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        try:
-            return np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as error:
-            raise ValueError(f"cannot read {path} as a .npy array: {error}") from None
-    if suffix in IMAGE_SUFFIXES:
-        from PIL import Image  # pillow comes with matplotlib; only needed for images
-
-        try:
-            with Image.open(path) as image:
-                mode = "L" if image.mode in ("1", "L", "I;16") else "RGB"
-                return np.asarray(image.convert(mode))
-        except OSError as error:
-            raise ValueError(f"cannot read {path} as an image: {error}") from None
-    raise ValueError(f"input file {path}: expected a .npy file or an image "
-                     f"({', '.join(IMAGE_SUFFIXES)})")
-
-
 def _parse_intensity(errors: ErrorCollector, raw: Mapping[str, Any]) -> float | None:
     if "intensity" not in raw:
         return None
@@ -589,6 +436,7 @@ def _ms_to_us(value: float) -> int:
 
 
 def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Arrival:
+    """The `arrivals:` section; a placeholder Arrival after a problem (it is never used)."""
     fallback = Arrival(kind="periodic", count=1, interval_us=1)
     if not isinstance(raw, dict):
         errors.add("arrivals", f"{'missing field, ' if raw is None else ''}expected a mapping "
@@ -610,7 +458,6 @@ def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Ar
         errors.add("arrivals.seed", f"expected an integer >= 0, got {seed}")
     start_ms = raw.get("start_ms", 0)
     start = _number(errors, start_ms, "arrivals.start_ms", low=0.0) if "start_ms" in raw else 0.0
-    values: dict[str, Any] = {}
     rate_field = _RATE_FIELDS.get(kind)
     if has_intensity:
         if kind == "trace":
@@ -620,6 +467,16 @@ def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Ar
     elif rate_field is not None and rate_field not in raw:
         errors.add(f"arrivals.{rate_field}", "missing field, expected a positive number "
                    "(or set 'intensity')")
+    values, count = _arrival_values(errors, raw, kind, count)
+    if count is None or count < 1 or seed is None or seed < 0 or start is None:
+        return fallback
+    return Arrival(kind=kind, count=count, seed=seed, start_us=_ms_to_us(start), **values)
+
+
+def _arrival_values(errors: ErrorCollector, raw: Mapping[str, Any], kind: str,
+                    count: int | None) -> tuple[dict[str, Any], int | None]:
+    """The Arrival fields of one kind, in microseconds, and the count (a trace may set it)."""
+    values: dict[str, Any] = {}
     if kind == "periodic" and "interval_ms" in raw:
         interval = _number(errors, raw["interval_ms"], "arrivals.interval_ms", positive=True)
         values["interval_us"] = max(1, _ms_to_us(interval)) if interval is not None else None
@@ -656,9 +513,7 @@ def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Ar
                                f"(the number of times), got {count}")
                 values["times_us"] = times_us
                 count = count if count is not None else len(times_us)
-    if count is None or count < 1 or seed is None or seed < 0 or start is None:
-        return fallback
-    return Arrival(kind=kind, count=count, seed=seed, start_us=_ms_to_us(start), **values)
+    return values, count
 
 
 def _parse_composition(errors: ErrorCollector, raw: Any, network_count: int,
@@ -696,113 +551,3 @@ def _parse_composition(errors: ErrorCollector, raw: Any, network_count: int,
         errors.add("composition", f"'{composition.kind}' draws networks independently; it "
                    "cannot be combined with 'after:' dependencies")
     return composition
-
-
-# ------------------------------------------------------------ generating jobs
-
-
-def generate_jobs(workload: Workload, rng: np.random.Generator | None = None) -> list[JobSpec]:
-    """The workload's jobs: arrival times and networks, deterministic for a seed.
-
-    Without rng, a generator seeded with `arrivals.seed` is used. Arrival times
-    and compositions come from two independent child streams, so changing the
-    composition never moves the arrivals.
-    """
-    if not workload.rate_resolved:
-        raise UserError(f"{workload.source}: at 'intensity': the arrival rate depends on the "
-                        "networks' execution times: load the workload with a store (--store) "
-                        "or call apply_intensity with their manifests")
-    base = rng if rng is not None else np.random.default_rng(workload.arrivals.seed)
-    arrival_rng, composition_rng = base.spawn(2)
-    times_us = arrival_times_us(workload.arrivals, arrival_rng)
-    networks = workload.networks
-    return [
-        JobSpec(job_id=index, arrival_us=int(time_us),
-                networks=draw_networks(workload.composition, networks, composition_rng))
-        for index, time_us in enumerate(times_us)
-    ]
-
-
-def mean_interarrival_ms(jobs: list[JobSpec]) -> float:
-    """Mean gap between consecutive arrivals (0 for fewer than two jobs)."""
-    if len(jobs) < 2:
-        return 0.0
-    return (jobs[-1].arrival_us - jobs[0].arrival_us) / (len(jobs) - 1) / (US_PER_S / 1000)
-
-
-# -------------------------------------------------------------- at run time
-
-
-def should_run(workload: Workload, network: str, job_id: int,
-               upstream_outputs: UpstreamOutputs) -> bool:
-    """Whether `network` runs in this job, once all its upstreams have finished.
-
-    upstream_outputs maps each upstream network to its outputs. A network
-    without `when:` always runs (its upstreams still have to finish first in
-    CA-wait). The caller skips (or aborts) every transitive downstream when
-    this is False (see Workload.downstreams).
-    """
-    return conditions_hold(workload.node(network).when, upstream_outputs, workload.seed, job_id)
-
-
-def network_inputs(workload: Workload, manifest: NetworkManifest, job_id: int,
-                   upstream_outputs: UpstreamOutputs | None = None) -> dict[str, np.ndarray]:
-    """The input tensors of one network in one job, by input name.
-
-    With a transform: derived from the job input (or, with `input: random`,
-    random data of this network's input shape) and the upstream outputs.
-    Otherwise the job input file fitted to the first input, or random data;
-    further inputs of a multi-input network are always random.
-    """
-    node = workload.node(manifest.name)
-    rng = input_rng(workload.seed, job_id, manifest.name)
-    inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(manifest.inputs):
-        if index == 0:
-            inputs[tensor.name] = network_input(workload, node, tensor, rng, upstream_outputs)
-        else:
-            inputs[tensor.name] = random_input(tensor, rng)
-    return inputs
-
-
-def network_input(workload: Workload, node: NetworkNode, tensor: TensorSpec,
-                  rng: np.random.Generator,
-                  upstream_outputs: UpstreamOutputs | None = None) -> np.ndarray:
-    job_input = workload.input.array
-    if node.transform is not None:
-        if job_input is None:
-            job_input = random_input(tensor, rng)
-        return apply_transform(node.transform, job_input, upstream_outputs or {}, tensor)
-    if job_input is not None:
-        return fit_to_input(job_input, tensor)
-    return random_input(tensor, rng)
-
-
-# -------------------------------------------------------------- scenarios
-
-
-def list_scenarios() -> tuple[str, ...]:
-    """Names of the packaged scenario files."""
-    return tuple(sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml")))
-
-
-def resolve_workload_path(text: str | Path) -> Path:
-    """A workload file path, or the name of a packaged scenario ('lifelogging').
-
-    An existing file wins; otherwise a packaged scenario of that name; otherwise
-    the path itself, so that load_workload reports it as missing.
-    """
-    path = Path(text)
-    if path.is_file() or path.suffix or len(path.parts) > 1:
-        return path
-    candidate = SCENARIO_DIR / f"{path.name}.yaml"
-    return candidate if candidate.is_file() else path
-
-
-def scenario_path(name: str) -> Path:
-    """The packaged scenario NAME (e.g. 'lifelogging'), as a path for load_workload."""
-    path = SCENARIO_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise UserError(f"no scenario {name!r} (packaged scenarios: "
-                        f"{', '.join(list_scenarios()) or 'none'})")
-    return path

@@ -1,0 +1,202 @@
+"""What is known about an instance before any search: bounds, symmetries, conflicts.
+
+Owns the static facts the CP-SAT model adds as redundant constraints and the
+search starts from: heads and tails of every task (earliest start, longest
+path to the end), the static lower bound on the makespan, classes of
+interchangeable networks (for symmetry breaking) and cliques of tasks that
+can never overlap (for redundant no-overlaps). Pure functions of the graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+from masa.common.graphs import topological_order
+from masa.sched.taskgraph import TaskGraph
+from solver.instance import Instance, ancestor_sets, spanning_locks
+
+
+def heads_and_tails(graph: TaskGraph) -> tuple[dict[str, int], dict[str, int]]:
+    """Earliest start (releases + chains) and tail (longest path to a sink incl. itself)."""
+    order = topological_order([task.task_id for task in graph.tasks], graph.precedence)
+    if order is None:
+        raise ValueError("heads_and_tails needs acyclic precedence")
+    predecessors: dict[str, list[str]] = {t: [] for t in order}
+    successors: dict[str, list[str]] = {t: [] for t in order}
+    for before, after in graph.precedence:
+        predecessors[after].append(before)
+        successors[before].append(after)
+    head: dict[str, int] = {}
+    for task_id in order:
+        task = graph.by_id[task_id]
+        head[task_id] = max([task.release_us] + [
+            head[p] + graph.by_id[p].duration_us for p in predecessors[task_id]])
+    tail: dict[str, int] = {}
+    for task_id in reversed(order):
+        tail[task_id] = graph.by_id[task_id].duration_us + max(
+            [tail[s] for s in successors[task_id]], default=0)
+    return head, tail
+
+
+def static_lower_bound(instance: Instance) -> int:
+    """The makespan no schedule can beat, from work and paths alone.
+
+    The work bound ceil(work / workers); for each release r, r plus the work
+    released at or after r shared by the workers; the longest chain of
+    precedences from a release.
+    """
+    graph = instance.graph
+    head, tail = heads_and_tails(graph)
+    bound = max((head[t] + tail[t] for t in head), default=0)
+    for release in {task.release_us for task in graph.tasks}:
+        late_work = sum(t.duration_us for t in graph.tasks if t.release_us >= release)
+        bound = max(bound, release + math.ceil(late_work / instance.workers))
+    return bound
+
+
+# ---------------------------------------------------------------- symmetry
+
+def identical_groups(graph: TaskGraph) -> list[list[list[str]]]:
+    """Classes of interchangeable networks: each class a list of groups, each a task list.
+
+    Two groups (network instances) are interchangeable when their tasks, taken
+    in instance order, match position by position (kind, duration, memory,
+    release, job-free) with the same internal precedences and locks, and no
+    precedence or lock connects them to any other group. Swapping two such
+    groups maps every schedule to another one with the same makespan.
+    """
+    members: dict[str, list[str]] = {}
+    for task in graph.tasks:
+        if task.group:
+            members.setdefault(task.group, []).append(task.task_id)
+    crossing, internal_edges, internal_locks = _group_links(graph, members)
+    signatures: dict[Hashable, list[list[str]]] = {}
+    for group, task_ids in members.items():
+        if group in crossing:
+            continue
+        position = {task_id: index for index, task_id in enumerate(task_ids)}
+        tasks = tuple((graph.by_id[t].kind, graph.by_id[t].duration_us,
+                       graph.by_id[t].memory_bytes, graph.by_id[t].release_us)
+                      for t in task_ids)
+        edges = tuple(sorted((position[a], position[b]) for a, b in internal_edges[group]))
+        locks = tuple(sorted((position[f], tuple(sorted(position[u] for u in until)), m)
+                             for f, until, m in internal_locks[group]))
+        signatures.setdefault((tasks, edges, locks), []).append(task_ids)
+    return [groups for groups in signatures.values() if len(groups) > 1]
+
+
+_GroupLocks = dict[str, list[tuple[str, tuple[str, ...], int]]]
+
+
+def _group_links(graph: TaskGraph, members: dict[str, list[str]]
+                 ) -> tuple[set[str], dict[str, list[tuple[str, str]]], _GroupLocks]:
+    """Groups linked to another group, and each group's internal edges and locks."""
+    group_of = {task.task_id: task.group for task in graph.tasks}
+    crossing: set[str] = set()
+    internal_edges: dict[str, list[tuple[str, str]]] = {g: [] for g in members}
+    for before, after in graph.precedence:
+        if group_of[before] != group_of[after]:
+            crossing |= {group_of[before], group_of[after]}
+        elif group_of[before]:
+            internal_edges[group_of[before]].append((before, after))
+    internal_locks: _GroupLocks = {g: [] for g in members}
+    for lock in graph.locks:
+        groups = {group_of[t] for t in (lock.from_task, *lock.until_tasks)}
+        if len(groups) > 1:
+            crossing |= groups
+        elif group_of[lock.from_task]:
+            internal_locks[group_of[lock.from_task]].append(
+                (lock.from_task, lock.until_tasks, lock.memory_bytes))
+    return crossing, internal_edges, internal_locks
+
+
+def swappable_groups(graph: TaskGraph, classes: list[list[list[str]]], objective: str
+                     ) -> list[list[list[str]]]:
+    """The classes whose groups may be swapped without changing the objective.
+
+    Makespan: all of them. Sum of job response times: swapping two groups of
+    different jobs moves work between jobs, which is harmless only when each
+    is its job's only group; otherwise only groups of the same job are swapped.
+    """
+    if objective == "makespan":
+        return classes
+    groups_of_job: dict[int, set[str]] = {}
+    for task in graph.tasks:
+        groups_of_job.setdefault(task.job_id, set()).add(task.group)
+    result: list[list[list[str]]] = []
+    for groups in classes:
+        jobs = [graph.by_id[g[0]].job_id for g in groups]
+        if len(set(jobs)) == len(jobs) and all(len(groups_of_job[j]) == 1 for j in jobs):
+            result.append(groups)
+            continue
+        by_job: dict[int, list[list[str]]] = {}
+        for job, group in zip(jobs, groups, strict=True):
+            by_job.setdefault(job, []).append(group)
+        result += [same_job for same_job in by_job.values() if len(same_job) > 1]
+    return result
+
+
+# ---------------------------------------------------------------- conflicts
+
+def conflict_cliques(graph: TaskGraph, memory: int, limit: int | None = None
+                     ) -> list[list[str]]:
+    """Groups of tasks no two of which can ever run at the same time.
+
+    Two tasks conflict when one must precede the other, or when the memory
+    necessarily held while both run exceeds the budget: their direct memory
+    plus every lock that spans each of them whatever the schedule (opened by
+    the task or an ancestor, closed by the task or a descendant). Cliques of
+    the conflict graph, grown greedily from the largest needs, become
+    redundant no-overlap constraints: with a tight budget they carry the
+    disjunctive reasoning (edge finding, LP cuts) that the memory cumulative,
+    whose lock intervals have variable size, propagates only weakly.
+    """
+    ancestors = ancestor_sets(graph)
+    spanning = spanning_locks(graph, ancestors)
+    need = _needs(graph, spanning)
+    neighbours = _conflicts(graph, memory, ancestors, spanning, need)
+    by_need = sorted(neighbours, key=lambda t: (-need[t], -graph.by_id[t].duration_us, t))
+    cliques: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    for seed in by_need:
+        clique = [seed]
+        common = set(neighbours[seed])
+        for other in sorted(common, key=lambda t: (-graph.by_id[t].duration_us, t)):
+            if other in common:
+                clique.append(other)
+                common &= neighbours[other]
+        key = frozenset(clique)
+        # A clique that only restates one precedence chain adds nothing.
+        if len(clique) >= 3 and key not in seen and not _is_chain(clique, ancestors):
+            seen.add(key)
+            cliques.append(clique)
+        if limit is not None and len(cliques) >= limit:
+            break
+    return cliques
+
+
+def _needs(graph: TaskGraph, spanning: dict[str, set[int]]) -> dict[str, int]:
+    """Memory each task holds while it runs, whatever the schedule (see conflict_cliques)."""
+    return {tid: graph.by_id[tid].memory_bytes + sum(graph.locks[i].memory_bytes for i in locks)
+            for tid, locks in spanning.items()}
+
+
+def _conflicts(graph: TaskGraph, memory: int, ancestors: dict[str, set[str]],
+               spanning: dict[str, set[int]], need: dict[str, int]) -> dict[str, set[str]]:
+    """The conflict graph over the tasks that take time, as neighbour sets."""
+    lock_memory = [lock.memory_bytes for lock in graph.locks]
+    candidates = [t.task_id for t in graph.tasks if t.duration_us > 0]
+
+    def conflict(a: str, b: str) -> bool:
+        if a in ancestors[b] or b in ancestors[a]:
+            return True
+        shared = sum(lock_memory[i] for i in spanning[a] & spanning[b])
+        return need[a] + need[b] - shared > memory
+
+    return {a: {b for b in candidates if b != a and conflict(a, b)} for a in candidates}
+
+
+def _is_chain(task_ids: list[str], ancestors: dict[str, set[str]]) -> bool:
+    return all(a in ancestors[b] or b in ancestors[a]
+               for i, a in enumerate(task_ids) for b in task_ids[i + 1:])
