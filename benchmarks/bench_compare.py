@@ -40,12 +40,12 @@ import numpy as np
 
 from masa.common.atomic import atomic_write_bytes, atomic_write_text
 from masa.common.units import parse_memory_bytes
+from masa.report.report import outcome_report
 from masa.runtime.runner import (
     PreparedRun,
     RunSettings,
     execute,
     load_manifests,
-    outcome_report,
     prepare_run,
 )
 from masa.sched.jobs import JobSpec, network_time_us

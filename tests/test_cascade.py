@@ -32,6 +32,8 @@ from workloads.generation import should_run
 from workloads.inputs import network_inputs
 from workloads.loader import load_workload
 
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "cascade"
 MIB = 2**20
 

@@ -11,6 +11,8 @@ from masa.runtime.runner import RunSettings, execute, prepare_run
 from masa.sched.checker import check_schedule
 from model_prep.session import release_memory
 
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
 MIB = 2**20
 SETTINGS = RunSettings(policy="masa", workers=2, memory_budget_bytes=16 * MIB)
 

@@ -22,6 +22,8 @@ from model_prep.feeds import random_feeds
 from model_prep.manifest import NetworkManifest, load_store_network
 from model_prep.verify import run_stages, run_whole_model
 
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
 NETWORKS = ("agenet", "googlenet")
 MIB = 2**20
 

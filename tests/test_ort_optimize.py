@@ -38,6 +38,8 @@ from model_prep.split import split_model
 from model_prep.verify import run_stages, verify_network
 from workloads.zoo import save_model
 
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
 # ONNX Runtime's NCHWc layout transformer runs on x86 only.
 X86 = platform.machine() in ("x86_64", "AMD64", "i686")
 

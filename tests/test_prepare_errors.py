@@ -22,6 +22,8 @@ from masa.common.errors import UserError, ValidationError
 from model_prep.manifest import MANIFEST_NAME, load_manifest, sha256_file, write_manifest
 from model_prep.prepare_cli import prepare_network
 
+pytestmark = pytest.mark.real
+
 
 def _tree(root: Path) -> dict[str, str]:
     if not root.exists():

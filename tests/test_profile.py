@@ -35,6 +35,8 @@ from model_prep.manifest import (
 from model_prep.profile import ProfileError, StatmSampler, profile_network
 from model_prep.profile_worker import _random_inputs
 
+pytestmark = [pytest.mark.profile, pytest.mark.real, pytest.mark.slow]
+
 MIB = 1 << 20
 RUNS = 3
 # On a machine shared with other test runs the sampling thread is descheduled

@@ -33,6 +33,8 @@ from model_prep.session import create_session
 from model_prep.split import split_model
 from model_prep.verify import run_stages, verify_network
 
+pytestmark = pytest.mark.real
+
 LIGHT_DIR = importlib.resources.files("onnx").joinpath("backend", "test", "data", "light")
 LIGHT_MODELS = sorted(p.name for p in LIGHT_DIR.iterdir() if p.name.endswith(".onnx"))
 

@@ -28,6 +28,8 @@ from workloads.zoo import (
     write_zoo,
 )
 
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
 SMALL_SCALE = 0.1
 
 

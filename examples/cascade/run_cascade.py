@@ -32,12 +32,12 @@ import numpy as np
 
 from masa.common.errors import UserError
 from masa.common.units import format_bytes, parse_memory_bytes
+from masa.report.report import outcome_report
 from masa.runtime.runner import (
     PreparedRun,
     RunOutcome,
     RunSettings,
     execute,
-    outcome_report,
     prepare_run,
 )
 from model_prep.manifest import MANIFEST_NAME, load_manifest
