@@ -83,7 +83,7 @@ def solve_model(instance: Instance, options: SolveOptions, hint: _Hint | None = 
     return ModelSolution(status=name, starts=starts, workers=workers,
                          objective_bound=solver.best_objective_bound,
                          wall_time_s=solver.wall_time,
-                         deterministic_time=solver.deterministic_time)
+                         deterministic_time=solver.response_proto.deterministic_time)
 
 
 def _build(data: _Data, set_times: bool) -> tuple[cp_model.CpModel, _Variables]:
