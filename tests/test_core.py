@@ -19,7 +19,6 @@ from masa.sched.core import (
     cancel_group,
     fail_group,
     finish,
-    forget_ended_groups,
     forget_group,
     gate_group,
     group_status,
@@ -28,7 +27,6 @@ from masa.sched.core import (
     open_group,
     select,
     take_events,
-    task_state,
 )
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
@@ -168,7 +166,7 @@ def test_gate_keeps_tasks_pending_until_opened() -> None:
     state = new_state(1, 1000, make_policy("masa"))
     gate_group(state, "j0/n1")  # before the group exists
     add_tasks(state, merge([chain_network(0, 0, [10]), chain_network(0, 1, [1])]))
-    assert task_state(state, "j0/n1/s0/load") is TaskState.PENDING
+    assert state.tasks["j0/n1/s0/load"].state is TaskState.PENDING
     order: list[str] = []
     for _ in range(2):
         [dispatch] = select(state)
@@ -188,7 +186,7 @@ def test_gating_a_ready_task_withdraws_it_from_the_policy() -> None:
     add_tasks(state, merge([single("small", TaskKind.LOAD, 1, group="a"),
                             single("big", TaskKind.LOAD, 50, group="b")]))
     gate_group(state, "a")
-    assert task_state(state, "small") is TaskState.PENDING
+    assert state.tasks["small"].state is TaskState.PENDING
     assert [d.task_id for d in select(state)] == ["big"]
     finish(state, "big")
     open_group(state, "a")
@@ -248,12 +246,12 @@ def test_forgetting_ended_groups_keeps_a_long_running_state_small() -> None:
         for _ in range(3):  # run part of the work, then the next job arrives
             for dispatch in select(state):
                 finish(state, dispatch.task_id)
-        forget_ended_groups(state)
+        _forget_ended(state)
         peak_tasks = max(peak_tasks, len(state.tasks))
     while not is_finished(state):
         for dispatch in select(state):
             finish(state, dispatch.task_id)
-    assert forget_ended_groups(state) > 0
+    assert _forget_ended(state) > 0
     assert state.tasks == {} and state.groups == {} and state.locks == {}
     assert peak_tasks < 60 and state.ledger.reserved_bytes == 0
 
@@ -274,3 +272,8 @@ def test_forget_group_refuses_live_groups_and_groups_others_wait_for() -> None:
         [dispatch] = select(state)
         finish(state, dispatch.task_id)
     assert forget_group(state, "j0/n0") and forget_group(state, "j0/n1")
+
+
+def _forget_ended(state) -> int:  # noqa: ANN001
+    ended = [name for name, info in state.groups.items() if info.ended]
+    return sum(forget_group(state, name) for name in ended)

@@ -77,10 +77,6 @@ def memory_profile(
     return profile
 
 
-def peak_memory_bytes(graph: TaskGraph, schedule: Sequence[ScheduledTask]) -> int:
-    return max((held for _, held in memory_profile(graph, schedule)), default=0)
-
-
 class _Problems:
     """Violations as readable lines, at most _MAX_PROBLEMS_PER_KIND of each kind."""
 

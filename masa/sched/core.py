@@ -35,7 +35,7 @@ from typing import Protocol
 
 from masa.common.errors import UserError
 from masa.common.graphs import find_cycle, topological_order
-from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
+from masa.sched.taskgraph import Lock, Task, TaskGraph
 
 
 class TaskState(Enum):
@@ -624,16 +624,6 @@ def forget_group(state: SchedulerState, group: str) -> bool:
     return True
 
 
-def forget_ended_groups(state: SchedulerState) -> int:
-    """`forget_group` on every ended group (O(groups)); returns how many were dropped."""
-    ended = [name for name, info in state.groups.items() if info.ended]
-    return sum(forget_group(state, name) for name in ended)
-
-
-def task_state(state: SchedulerState, task_id: str) -> TaskState:
-    return state.tasks[task_id].state
-
-
 def group_status(state: SchedulerState, group: str) -> GroupStatus:
     return state.groups[group].status
 
@@ -645,11 +635,3 @@ def is_finished(state: SchedulerState) -> bool:
 
 def unfinished_task_ids(state: SchedulerState) -> list[str]:
     return [task_id for task_id, info in state.tasks.items() if info.state not in TERMINAL]
-
-
-def ready_task_ids(state: SchedulerState, kind: TaskKind | None = None) -> list[str]:
-    """Ready tasks (for inspection and tests; O(n))."""
-    return [
-        task_id for task_id, info in state.tasks.items()
-        if info.state is TaskState.READY and (kind is None or info.task.kind is kind)
-    ]
