@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from masa.common.argtypes import positive_int
 from masa.common.errors import UserError
 from masa.common.progress import ProgressBar
 from masa.common.units import format_bytes
@@ -26,16 +27,6 @@ from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, w
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("network", metavar="DIR/NAME",
                         help="the prepared network's directory (holds manifest.yaml)")
-    parser.add_argument("--runs", type=_positive_int, default=DEFAULT_RUNS,
+    parser.add_argument("--runs", type=positive_int, default=DEFAULT_RUNS,
                         help=f"timed runs per stage; exec time is their median "
                         f"(default {DEFAULT_RUNS})")
     parser.add_argument("--isolation", choices=ISOLATION_MODES, default="recycle",

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from masa.cli.run import compare_reports, plot_comparison
+from masa.common.argtypes import memory_size, positive_int
 from masa.common.atomic import atomic_write_text
-from masa.common.units import format_bytes, parse_memory_bytes
+from masa.common.units import format_bytes
 from masa.report.report import outcome_report, write_json
 from masa.runtime.runner import RunSettings, execute, prepare_run
 from masa.sched.jobs import stage_costs
@@ -40,13 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="keep the prepared networks here (default: a temporary directory)")
     demo.add_argument("--scale", type=float, default=0.25,
                       help="channel-width scale of the zoo replicas (default 0.25)")
-    demo.add_argument("--jobs", type=int, default=8, help="number of images (default 8)")
+    demo.add_argument("--jobs", type=positive_int, default=8,
+                      help="number of jobs: one image each (default 8)")
     demo.add_argument("--interval-ms", type=float, default=100.0,
                       help="time between image arrivals (default 100 ms)")
-    demo.add_argument("--memory", default=None,
+    demo.add_argument("--memory", type=memory_size, default=None,
                       help="memory budget (default: 30%% of what the networks need together, "
                            "at least 1.25x the largest stage)")
-    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--workers", type=positive_int, default=2)
     demo.add_argument("--plot", type=Path, help="write the comparison as a PNG")
     demo.add_argument("--report", type=Path, help="write the three reports as JSON")
     demo.set_defaults(handler=demo_command)
@@ -85,7 +87,7 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
     # job would load that stage under the progress rule, alone.
     largest_bytes = max(cost.load_transient_bytes + cost.resident_bytes
                         for manifest in manifests for cost in map(stage_costs, manifest.stages))
-    budget_bytes = (parse_memory_bytes(args.memory, "--memory") if args.memory
+    budget_bytes = (args.memory if args.memory
                     else max(int(0.3 * need_bytes), int(1.25 * largest_bytes)))
     workload_path = store / "demo-workload.yaml"
     atomic_write_text(workload_path, (
