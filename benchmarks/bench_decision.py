@@ -139,7 +139,8 @@ def simulator_throughput(jobs: int, policy: str) -> tuple[float, float, int]:
     """(jobs per wall-clock second, jobs per CPU second, tasks) of one simulation."""
     graph = workload(jobs, 70_000)
     start_s, start_cpu_s = time.perf_counter(), time.process_time()
-    result = simulate_graph(graph, policy=make_policy(policy), workers=2, memory_budget_bytes=64 << 20)
+    result = simulate_graph(graph, policy=make_policy(policy), workers=2,
+                            memory_budget_bytes=64 << 20)
     elapsed_s, cpu_s = time.perf_counter() - start_s, time.process_time() - start_cpu_s
     assert result.unfinished == () and result.final_reserved_bytes == 0
     return jobs / elapsed_s, jobs / cpu_s, len(graph.tasks)

@@ -25,7 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from model_prep.errors import RunFailed, one_line
+from masa.common.errors import one_line
+from model_prep.errors import RunFailed
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -19,9 +19,3 @@ from masa.common.errors import UserError
 
 class RunFailed(UserError):
     """The input was fine and the command ran, but its check or run failed: exit 1."""
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (ONNX Runtime's span many), or its type."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -40,8 +40,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from masa.common.errors import UserError
-from model_prep.errors import one_line
+from masa.common.errors import UserError, one_line
 from model_prep.manifest import OrtOptimization
 from model_prep.session import session_options
 from model_prep.shapes import apply_input_shapes, infer_types

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from masa.common.errors import one_line
 from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
 from model_prep.manifest import RuntimeBase, TensorSpec
 from model_prep.session import create_session, pin_malloc_threshold, release_memory
@@ -86,8 +87,7 @@ def _worker_main(conn: Any, throwaway_path: str, kernel_peak: bool) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return f"{type(exc).__name__}: {one_line(exc)}"
 
 
 def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[RuntimeBase, bool]:

@@ -16,8 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
-from masa.common.errors import UserError
-from model_prep.errors import one_line
+from masa.common.errors import UserError, one_line
 from model_prep.manifest import TensorSpec
 
 # Initializers at least this large are left out of the copy that shape

@@ -34,8 +34,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from masa.common.errors import UserError
-from model_prep.errors import one_line
+from masa.common.errors import UserError, one_line
 from model_prep.manifest import (
     MANIFEST_NAME,
     NetworkManifest,

@@ -80,3 +80,9 @@ def _type_name(expected: type | tuple[type, ...]) -> str:
     names = {int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "a mapping", bool: "true or false"}
     return " or ".join(names.get(t, t.__name__) for t in _as_tuple(expected))
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (ONNX Runtime's span many), or its type."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -346,6 +346,7 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
         over_commits=outcome.over_commits,
         meta={"context": outcome.context, "simulated": outcome.simulated,
               "memory_source": settings.memory_source, "errors": outcome.errors,
+              "error_tracebacks": outcome.error_details,
               "process_memory_after_bytes": outcome.process_memory_after,
               **dict(meta or {})},
     )

@@ -153,7 +153,8 @@ class Driver:
         self.on_group_end = on_group_end
         self.observers = list(observers)
         self.forget_ended = forget_ended
-        self.errors: dict[str, str] = {}  # group -> first error
+        self.errors: dict[str, str] = {}  # group -> first error, one line
+        self.error_details: dict[str, str] = {}  # group -> that error's traceback
         self._releases: list[tuple[int, int, list[str]]] = []  # (release_us, sequence, ids)
         self._sequence = 0
         self._running: dict[str, tuple[int, int]] = {}  # task_id -> (worker, start_us)
@@ -231,7 +232,7 @@ class Driver:
         return list(self._running)
 
     def _take_inbox(self) -> None:
-        while True:
+        while not self._inbox.empty():
             try:
                 graph = self._inbox.get_nowait()
             except queue.Empty:
@@ -291,7 +292,10 @@ class Driver:
         task = info.task
         group_active = self.state.groups[task.group].status is GroupStatus.ACTIVE
         if not completion.ok and group_active and completion.error is not None:
-            self.errors.setdefault(task.group, f"{task.task_id}: {completion.error}")
+            if task.group not in self.errors:
+                self.errors[task.group] = f"{task.task_id}: {completion.error}"
+                if completion.detail:
+                    self.error_details[task.group] = completion.detail
             log.error("task %s failed: %s", task.task_id, completion.error)
             if completion.detail:
                 log.debug("task %s failed:\n%s", task.task_id, completion.detail)
@@ -301,9 +305,13 @@ class Driver:
                                finished.status.value)
         for observer in self.observers:
             observer.ended(record)
-        self._record_cancelled(finished.newly_cancelled)
-        self._stop(finished.to_terminate)
-        self._apply(finished.released_locks, finished.ended_groups)
+        # Most completions change nothing else: skip the calls (the simulator's hot path).
+        if finished.newly_cancelled:
+            self._record_cancelled(finished.newly_cancelled)
+        if finished.to_terminate:
+            self._stop(finished.to_terminate)
+        if finished.released_locks or finished.ended_groups:
+            self._apply(finished.released_locks, finished.ended_groups)
 
     def _stop(self, task_ids: Sequence[str]) -> None:
         """Terminate running tasks (their groups ended); then handle the side effects."""

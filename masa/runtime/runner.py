@@ -94,6 +94,7 @@ class RunOutcome:
     live_sessions_after: int = 0
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    error_details: dict[str, str] = field(default_factory=dict)  # group -> traceback
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     process_memory_after: dict[str, int] = field(default_factory=dict)  # real runs: by kind
 
@@ -240,6 +241,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         peak_measured_bytes=result.peak_rss_bytes - result.baseline_rss_bytes,
         live_sessions_after=result.live_sessions_after,
         dispatch_order=result.dispatch_order, errors=result.errors,
+        error_details=result.error_details,
         outputs=result.outputs, process_memory_after=result.process_memory_after,
     )
 

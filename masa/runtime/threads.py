@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from masa.common.errors import one_line
 from masa.common.procmem import process_memory_bytes, rss_bytes
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
 from masa.runtime.registry import make_policy
@@ -87,6 +88,7 @@ class RealRunResult:
     live_tensors_after: int
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # group -> first error
+    error_details: dict[str, str] = field(default_factory=dict)  # group -> its traceback
     process_memory_after: dict[str, int] = field(default_factory=dict)  # procmem, by kind
 
 
@@ -295,7 +297,7 @@ class ThreadBackend:
         except Exception as error:  # a bad input fails this network alone
             log.debug("job %d network %s: input failed:\n%s", job_id, network,
                       traceback.format_exc())
-            return f"input: {error}"
+            return f"input: {one_line(error)}"
         with self.stages.lock:
             for name, value in feeds.items():
                 self.stages.tensors[(group, name)] = value
@@ -322,8 +324,7 @@ class ThreadBackend:
             try:
                 self.stages.run_task(task)
             except Exception as exc:  # reported to the loop, which fails the group
-                lines = str(exc).strip().splitlines()
-                error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+                error = f"{type(exc).__name__}: {one_line(exc)}"
                 detail = traceback.format_exc()
             self.completions.put(Completion(task.task_id, self.now_us(), error is None,
                                             error, detail))
@@ -406,5 +407,6 @@ class RealExecutor:
             live_tensors_after=len(backend.stages.tensors),
             dispatch_order=self.recorder.dispatch_order,
             errors=self.driver.errors,
+            error_details=self.driver.error_details,
             process_memory_after=process_memory_bytes(),
         )
