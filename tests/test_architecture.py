@@ -191,3 +191,15 @@ def test_every_listed_command_is_registered_by_its_module(command: str) -> None:
     chosen = subparsers.choices[command]
     nested = any(isinstance(action, argparse._SubParsersAction) for action in chosen._actions)
     assert nested or chosen.get_default("handler") is not None
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = []
+    for folder in (*PACKAGES, "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
+    assert long == []
