@@ -54,7 +54,8 @@ def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * 
     return graph, executor.run()
 
 
-def _assert_clean(graph, result, workers: int, budget_bytes: int) -> None:
+def _assert_clean(graph, result, workers: int, budget_bytes: int | None) -> None:
+    """Everything released; the schedule valid (memory unchecked when budget_bytes is None)."""
     assert result.final_reserved_bytes == 0
     assert result.live_sessions_after == 0
     assert result.live_tensors_after == 0
@@ -222,7 +223,8 @@ def test_memory_oblivious_policies_report_their_peak_over_the_budget(manifests, 
                           policy=policy, over_commits=result.over_commits)
     assert report["summary"]["over_budget"] is True
     assert report["summary"]["peak_reserved_bytes"] > budget_bytes
-    _assert_clean(graph, result, 2, budget_bytes)
+    assert report["summary"]["progress_rule_violations"] == 0  # oblivious, not a violation
+    _assert_clean(graph, result, 2, None)  # they ignore the budget by design
 
 
 def test_measured_memory_source_reconciles_and_stays_correct(manifests, feeds):

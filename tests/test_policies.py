@@ -6,6 +6,7 @@ holds for all permutations cannot come from comparing names.
 
 from __future__ import annotations
 
+import heapq
 from itertools import permutations
 
 import pytest
@@ -23,7 +24,7 @@ from masa.sched.core import (
     new_state,
     select,
 )
-from masa.sched.policies import MasaPolicy
+from masa.sched.policies import MasaPolicy, _valid_top
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 NAMES = ("p", "q", "r", "s", "t")
@@ -325,3 +326,31 @@ def test_masa_headroom_counts_the_transient_load_memory_as_returned() -> None:
     assert result.makespan_us == 150  # both loads, then both execs, side by side
     assert result.over_commits == () and result.peak_reserved_bytes == 80
     assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=80) == []
+
+
+class _IgnoresMemory(MasaPolicy):
+    """Claims to be memory-aware but starts the smallest ready task whether it fits or not."""
+
+    def __init__(self) -> None:
+        super().__init__(admission=False, headroom=False)
+
+    def pick(self, state: SchedulerState) -> str | None:
+        for heap in (self._execs, self._loads):
+            if _valid_top(state, heap) is not None:
+                return heapq.heappop(heap)[-2]
+        return None
+
+
+def test_the_core_and_the_checker_reject_a_policy_that_ignores_memory() -> None:
+    graph = merge([chain_network(job, 0, [40, 30]) for job in range(3)])
+    result = simulate_graph(graph, policy=_IgnoresMemory(), workers=2, memory_budget_bytes=60)
+    reasons = {o.reason for o in result.over_commits}
+    assert "violation" in reasons  # over the budget while another task ran
+    problems = check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=60,
+                              allowed_over_commits=[o.task_id for o in result.over_commits])
+    assert any("not the progress rule" in line for line in problems)
+    # masa itself, on the same graph and budget, never needs the excuse.
+    masa = simulate_graph(graph, policy=make_policy("masa"), workers=2, memory_budget_bytes=60)
+    assert {o.reason for o in masa.over_commits} <= {"progress"}
+    assert check_schedule(graph, masa.schedule, workers=2, memory_budget_bytes=60,
+                          allowed_over_commits=[o.task_id for o in masa.over_commits]) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sched_graphs import chain_network, merge, random_workload
+from sched_graphs import chain_network, merge, random_workload, single
 
 from masa.report.report import build_report, chrome_trace, format_table, write_json
 from masa.runtime.driver import Driver
@@ -27,6 +27,11 @@ POLICIES = ("masa", "bulk", "deepeye")
 
 def allowed(result: object) -> list[str]:
     return [o.task_id for o in result.over_commits]  # type: ignore[attr-defined]
+
+
+def checked_budget(policy: str, budget_bytes: int) -> int | None:
+    """Memory-oblivious policies ignore the budget: the checker skips their memory."""
+    return budget_bytes if make_policy(policy).memory_aware else None
 
 
 def test_simulation_is_deterministic() -> None:
@@ -49,7 +54,7 @@ def test_random_workloads_are_valid_and_leave_the_ledger_empty(policy: str, work
         assert result.unfinished == () and result.final_reserved_bytes == 0
         assert set(result.group_status.values()) == {"done"}
         assert check_schedule(graph, result.schedule, workers=workers,
-                              memory_budget_bytes=budget_bytes,
+                              memory_budget_bytes=checked_budget(policy, budget_bytes),
                               allowed_over_commits=allowed(result),
                               check_durations=True) == []
         # The ledger's view and the checker's interval view of memory agree.
@@ -101,7 +106,8 @@ def test_injected_failures_fail_one_group_and_release_all_memory(policy: str) ->
         assert result.final_reserved_bytes == 0 and result.unfinished == ()
         for group, status in result.group_status.items():
             assert status == ("failed" if group in failed_groups else "done")
-        assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=120,
+        assert check_schedule(graph, result.schedule, workers=2,
+                              memory_budget_bytes=checked_budget(policy, 120),
                               allowed_over_commits=allowed(result)) == []
 
 
@@ -226,10 +232,29 @@ def test_checker_catches_memory_violation_unless_over_commit_recorded() -> None:
     graph, schedule = _valid()
     problems = _problems(graph, schedule, memory_budget_bytes=60)
     assert "exceeds the budget of 60" in problems
-    # Both stages' resident locks together (70) are what exceeds 60 bytes.
-    both_loaded = [e.task_id for e in schedule if e.task_id.endswith("load")]
-    assert _problems(graph, schedule, memory_budget_bytes=60,
-                     allowed_over_commits=both_loaded[1:]) == ""
+    # Both stages' resident locks together (70) exceed 60 bytes, but the second
+    # LOAD started while the first ran: that is no progress-rule dispatch.
+    second_load = max((e for e in schedule if e.task_id.endswith("load")),
+                      key=lambda e: e.start_us)
+    assert "not the progress rule" in _problems(
+        graph, schedule, memory_budget_bytes=60, allowed_over_commits=[second_load.task_id])
+
+
+def test_checker_allows_only_the_excess_of_a_lone_progress_dispatch() -> None:
+    graph = TaskGraph((single("big", TaskKind.LOAD, 80).tasks[0],
+                       single("small", TaskKind.EXEC, 10).tasks[0]))
+    alone = [ScheduledTask("big", 0, 0, 10), ScheduledTask("small", 0, 10, 20)]
+    assert _problems(graph, alone, memory_budget_bytes=60, allowed_over_commits=["big"]) == ""
+    assert "exceeds the budget of 60" in _problems(graph, alone, memory_budget_bytes=60)
+    # Something else starts while the over-committed task holds memory: only
+    # the excess (20 bytes) was allowed, so 90 bytes is a violation.
+    beside = [ScheduledTask("big", 0, 0, 10), ScheduledTask("small", 1, 5, 15)]
+    assert "plus 20 bytes of progress-rule over-commit" in _problems(
+        graph, beside, memory_budget_bytes=60, allowed_over_commits=["big"])
+    # Both start together: the over-commit was not made with nothing else running.
+    together = [ScheduledTask("big", 0, 0, 10), ScheduledTask("small", 1, 0, 10)]
+    assert "not the progress rule" in _problems(
+        graph, together, memory_budget_bytes=60, allowed_over_commits=["big"])
 
 
 def test_checker_catches_bookkeeping_errors() -> None:
@@ -337,6 +362,7 @@ def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
                                if e.task_id.startswith(group[:-1] + "0/"))
             assert first_start >= upstream_end
         assert len(entries) == len(graph.tasks)
-        assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=120,
+        assert check_schedule(graph, result.schedule, workers=2,
+                              memory_budget_bytes=checked_budget(policy, 120),
                               allowed_over_commits=allowed(result)) == []
     assert aborted_total > 0

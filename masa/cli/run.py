@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
         "run", help="run a workload under one policy",
         description="Run a workload (YAML file or packaged scenario name) and write a "
-                    "report and a Chrome trace. Exit 1 when a job failed.")
+                    "report and a Chrome trace. Exit 1 when a job failed or the policy "
+                    "went over the budget while other tasks ran.")
     run.add_argument("workload", help="workload YAML, or a packaged scenario name")
     run.add_argument("--policy", default="masa", choices=POLICY_NAMES)
     _add_run_options(run)
@@ -138,7 +139,13 @@ def run_command(args: argparse.Namespace) -> int:
         write_json(args.report, report)
     if args.trace:
         write_json(args.trace, outcome_trace(outcome))
-    return 1 if report["summary"]["jobs_failed"] else 0
+    return 1 if _failed(report) else 0
+
+
+def _failed(report: dict[str, Any]) -> bool:
+    """A job failed, or a memory-aware policy broke the progress rule."""
+    summary = report["summary"]
+    return bool(summary["jobs_failed"] or summary["progress_rule_violations"])
 
 
 def compare_reports(reports: dict[str, dict[str, Any]]) -> str:
@@ -241,7 +248,7 @@ def compare_command(args: argparse.Namespace) -> int:
         plot_comparison(reports, args.plot, f"{args.workload}: {description}")
     if args.report:
         write_json(args.report, document)
-    return 1 if any(r["summary"]["jobs_failed"] for r in reports.values()) else 0
+    return 1 if any(_failed(report) for report in reports.values()) else 0
 
 
 def infer_command(args: argparse.Namespace) -> int:

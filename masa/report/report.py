@@ -214,6 +214,9 @@ def build_report(
             "peak_measured_bytes": max((b for _, b in measured_memory), default=None),
             "over_budget": peak_reserved_bytes > memory_budget_bytes,
             "over_commits": len(over_commit_list),
+            # Over the budget while other tasks ran, by a memory-aware policy: a bug.
+            "progress_rule_violations": sum(1 for o in over_commit_list
+                                            if o["reason"] == "violation"),
             "busy_us": busy_us,
             "worker_utilisation": round(busy_us / (workers * span_us), 4) if span_us else 0.0,
             "wasted_us": sum(s["wasted_us"] for s in per_network.values()),

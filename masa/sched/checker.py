@@ -177,12 +177,46 @@ def _check_workers(ran: Mapping[str, ScheduledTask], workers: int, problems: _Pr
                                     f"more than {workers} workers")
 
 
+def _check_memory(graph: TaskGraph, entries: Sequence[ScheduledTask],
+                  ran: Mapping[str, ScheduledTask], budget_bytes: int,
+                  allowed: set[str], problems: _Problems) -> None:
+    """Memory within the budget, plus the excess of each valid progress-rule dispatch."""
+    profile = memory_profile(graph, entries)
+    allowance: dict[int, int] = {}
+    for task_id in sorted(allowed & ran.keys()):
+        start_us = ran[task_id].start_us
+        others = sorted(e.task_id for e in ran.values() if e.task_id != task_id
+                        and e.start_us <= start_us < e.end_us)
+        if others:
+            problems.add("progress", f"over-commit of {task_id!r} at {start_us} us while "
+                                     f"{others[0]!r} runs: not the progress rule")
+            continue
+        held_bytes = next((held for time_us, held in reversed(profile)
+                           if time_us <= start_us), 0)
+        excess_bytes = max(0, held_bytes - budget_bytes)
+        end_us = max((end for _, end, _, owner in memory_intervals(graph, entries)
+                      if owner == task_id), default=start_us)
+        allowance[start_us] = allowance.get(start_us, 0) + excess_bytes
+        allowance[end_us] = allowance.get(end_us, 0) - excess_bytes
+    held_at = dict(profile)
+    held_bytes = allowed_bytes = 0
+    for time_us in sorted(held_at.keys() | allowance.keys()):
+        held_bytes = held_at.get(time_us, held_bytes)
+        allowed_bytes += allowance.get(time_us, 0)
+        if held_bytes > budget_bytes + allowed_bytes:
+            problems.add("memory", f"memory {held_bytes} bytes at {time_us} us exceeds the "
+                                   f"budget of {budget_bytes} bytes (no recorded "
+                                   "over-commit)" if not allowed_bytes else
+                                   f"budget of {budget_bytes} bytes plus {allowed_bytes} "
+                                   "bytes of progress-rule over-commit")
+
+
 def check_schedule(
     graph: TaskGraph,
     schedule: Sequence[ScheduledTask],
     *,
     workers: int,
-    memory_budget_bytes: int,
+    memory_budget_bytes: int | None,
     allowed_over_commits: Iterable[str] = (),
     require_all_tasks: bool = True,
     check_durations: bool = False,
@@ -192,8 +226,13 @@ def check_schedule(
     Checks: known and unique task ids, end >= start, release times, precedence
     (finish-to-start, predecessor done), start_after (start-to-start), worker
     ids in range, no worker running two tasks at once, at most `workers` tasks
-    at once, memory within budget outside allowed over-commits; optionally
-    that every task appears and that done tasks took exactly `duration_us`.
+    at once, memory within the budget; optionally that every task appears
+    and that done tasks took exactly `duration_us`.
+
+    allowed_over_commits: tasks recorded as progress-rule dispatches. Each must
+    have started while no other task ran, and only what it took above the
+    budget is allowed, while its own memory (direct or locked) is held.
+    memory_budget_bytes=None skips the memory checks (memory-oblivious policies).
     """
     problems = _Problems()
     entries = _known_entries(graph, schedule, problems)
@@ -205,10 +244,7 @@ def check_schedule(
     _check_times(graph, ran, check_durations, problems)
     _check_order(graph, entries, ran, problems)
     _check_workers(ran, workers, problems)
-    allowed = set(allowed_over_commits)
-    for time_us, held_bytes in memory_profile(graph, list(entries.values()), excluded=allowed):
-        if held_bytes > memory_budget_bytes:
-            problems.add("memory", f"memory {held_bytes} bytes at {time_us} us exceeds the "
-                                   f"budget of {memory_budget_bytes} bytes (no recorded "
-                                   "over-commit)")
+    if memory_budget_bytes is not None:
+        _check_memory(graph, list(entries.values()), ran, memory_budget_bytes,
+                      set(allowed_over_commits), problems)
     return problems.summary()

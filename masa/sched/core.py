@@ -21,8 +21,8 @@ lock it opens) when dispatched; its direct memory returns when it ends; a lock
 returns when its opening task and every task it waits for have ended (done,
 failed or cancelled). The ledger never goes negative and only exceeds the
 budget through a dispatch flagged `over_commit`, which is recorded in
-`state.over_commits` (the progress rule of `masa`, or any dispatch of a
-memory-oblivious policy).
+`state.over_commits` (the progress rule of `masa` when nothing else runs, any
+dispatch of a memory-oblivious policy, or a "violation" otherwise).
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class Dispatch:
 class OverCommit:
     """A dispatch that took reserved memory above the budget.
 
-    reason: "progress" (masa's progress rule) or "oblivious" (bulk, deepeye).
+    reason: "progress" (masa's progress rule: nothing else ran), "oblivious" (bulk,
+    deepeye) or "violation" (a memory-aware policy went over the budget while
+    other tasks ran: a bug the report counts and the run fails on).
     time_us is filled in by the executor or simulator (-1 inside the core).
     """
 
@@ -395,6 +397,18 @@ def select(state: SchedulerState) -> list[Dispatch]:
     return dispatches
 
 
+def _over_commit_reason(state: SchedulerState) -> str:
+    """Why a dispatch just took the ledger over the budget (called after counting it).
+
+    A memory-aware policy may only do so under the progress rule: nothing else
+    runs. Anything else is recorded as a "violation" (a policy bug), which fails
+    the run's report; memory-oblivious policies are "oblivious".
+    """
+    if not state.policy.memory_aware:
+        return "oblivious"
+    return "progress" if state.running_count == 1 else "violation"
+
+
 def _start(state: SchedulerState, task_id: str) -> Dispatch:
     info = state.tasks[task_id]
     _set_state(info, TaskState.RUNNING)
@@ -405,9 +419,9 @@ def _start(state: SchedulerState, task_id: str) -> Dispatch:
     over_commit = not ledger.fits(info.footprint_bytes)
     ledger.reserve(info.footprint_bytes, allow_over_budget=True)
     if over_commit:
-        reason = "progress" if state.policy.memory_aware else "oblivious"
         state.over_commits.append(
-            OverCommit(task_id, info.footprint_bytes, ledger.reserved_bytes, reason)
+            OverCommit(task_id, info.footprint_bytes, ledger.reserved_bytes,
+                       _over_commit_reason(state))
         )
     for lock_id in info.locks_from:
         state.locks[lock_id].held = True
