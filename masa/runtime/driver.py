@@ -228,9 +228,6 @@ class Driver:
             for completion in self.backend.wait(deadline):
                 self._end(completion)
 
-    def running_task_ids(self) -> list[str]:
-        return list(self._running)
-
     def _take_inbox(self) -> None:
         while not self._inbox.empty():
             try:
