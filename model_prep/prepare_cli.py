@@ -11,7 +11,7 @@ A failed or interrupted prepare therefore leaves the store as it was; an
 existing network of the same name is replaced only once the new one is
 complete.
 
-The two commands follow model_prep.cli_common's exit codes (a verification
+The two commands follow masa.cli.main's exit codes (a verification
 mismatch or ONNX Runtime failing while verifying is 1, bad input 2) and print
 one JSON document with `--json`.
 """
@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from masa.common.errors import UserError
+from masa.common.output import add_json_flag, print_json
 from masa.common.progress import ProgressBar
 from masa.common.units import parse_memory_bytes
-from model_prep.cli_common import add_json_flag, exit_codes, print_json
 from model_prep.feeds import bind_feeds, load_feeds
 from model_prep.manifest import (
     MANIFEST_NAME,
@@ -259,7 +259,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify_parser.set_defaults(handler=_verify_command)
 
 
-@exit_codes
 def _prepare_command(args: argparse.Namespace) -> int:
     input_shapes: dict[str, list[int | str]] = {}
     for text in args.input_shape:
@@ -327,7 +326,6 @@ def _print_prepared(prepared: PreparedNetwork, quiet: bool) -> None:
         print(prepared.verify.summary())
 
 
-@exit_codes
 def _verify_command(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.network)
     model_path = Path(args.model) if args.model else Path(manifest.source_path)

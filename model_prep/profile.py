@@ -58,8 +58,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from masa.common.errors import UserError
-from model_prep.errors import RunFailed
+from masa.common.errors import RunFailed, UserError
 from model_prep.manifest import NetworkManifest, RuntimeBase, StageProfile
 from model_prep.profile_worker import WORKER_COMMAND, StageJob
 

@@ -4,7 +4,7 @@ This module owns the command line around model_prep.profile: it loads and
 validates the manifest (stage files must match their sha256), profiles every
 stage, prints the stage table (or, with `--json`, one JSON document) and
 writes the manifest back atomically with the new profiles and runtime base.
-Nothing is written when profiling fails. Exit codes (model_prep.cli_common):
+Nothing is written when profiling fails. Exit codes (masa.cli.main):
 1 when profiling a stage fails (ProfileError), 2 for bad input such as a
 stage file that does not match its sha256.
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 from masa.common.argtypes import positive_int
 from masa.common.errors import UserError
+from masa.common.output import add_json_flag, print_json
 from masa.common.progress import ProgressBar
 from masa.common.units import format_bytes
-from model_prep.cli_common import add_json_flag, exit_codes, print_json
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
 
@@ -55,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_profile)
 
 
-@exit_codes
 def run_profile(args: argparse.Namespace) -> int:
     network_dir = Path(args.network)
     manifest = load_manifest(network_dir)

@@ -29,8 +29,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from masa.common.errors import UserError, one_line
-from model_prep.errors import RunFailed
+from masa.common.errors import RunFailed, UserError, one_line
 from model_prep.feeds import random_feeds
 from model_prep.manifest import NetworkManifest, Stage
 from model_prep.session import create_session, release_memory

@@ -18,13 +18,13 @@ or lock alone larger than memory, cyclic precedence); 3 internal error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
 from masa.common.argtypes import duration_s, positive_int
-from masa.common.errors import UserError
+from masa.common.errors import EXIT_FAILED, EXIT_OK, UserError
+from masa.common.output import print_json
 from masa.common.units import parse_memory_bytes
 from masa.runtime.registry import POLICY_NAMES, make_policy
 from masa.sched.jobs import build_workload_graph
@@ -44,7 +44,6 @@ from solver.search import PROOF_MAX_TASKS, SET_TIMES_MAX_TASKS
 from workloads.generation import generate_jobs
 from workloads.loader import load_workload
 
-EXIT_OK, EXIT_FAILED = 0, 1  # usage (2) and internal (3) errors: masa.cli.main
 DESCRIPTION = ("Solve a Masa scheduling instance to optimality with CP-SAT and compare "
                "a heuristic policy (in the simulator) on the same instance.")
 EPILOG = ("Exit codes: 0 schedule found and checked, 1 none found (INFEASIBLE or UNKNOWN) "
@@ -151,7 +150,7 @@ def handle(args: argparse.Namespace) -> int:
                             f"{error.strerror}") from None
     evaluation = evaluate(instance, options, use_hint=not args.no_hint, policy=args.policy)
     if args.json:
-        print(json.dumps(evaluation_to_dict(evaluation), indent=1))
+        print_json(evaluation_to_dict(evaluation))
     else:
         print(format_evaluation(evaluation))
     if args.gantt and evaluation.result.schedule:

@@ -234,7 +234,7 @@ def test_masa_zoo_json_and_exit_1_when_a_network_fails(
     import json
 
     from masa.cli.main import main
-    from model_prep.errors import RunFailed
+    from masa.common.errors import RunFailed
     from workloads import zoo_cli
 
     store = tmp_path / "store"

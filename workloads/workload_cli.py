@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from masa.common.errors import UserError, ValidationError
+from masa.common.output import print_json
 from model_prep.manifest import NetworkManifest, load_store_network
 from workloads.arrivals import US_PER_S, mean_network_time_s, traffic_intensity
 from workloads.generation import (
@@ -189,21 +190,17 @@ def _check_json(workload: Workload, manifests: dict[str, NetworkManifest]) -> di
     }
 
 
-def _print_json(document: dict[str, Any]) -> None:
-    print(json.dumps(document, indent=2))
-
-
 def run_check(args: argparse.Namespace) -> int:
     try:
         workload, manifests = _load(args)
     except UserError as error:
         if args.json:
             problems = error.problems if isinstance(error, ValidationError) else [str(error)]
-            _print_json({"source": str(resolve_workload_path(args.file)), "valid": False,
+            print_json({"source": str(resolve_workload_path(args.file)), "valid": False,
                          "problems": problems})
         raise  # the one-line message on stderr and exit code 2 come from masa.cli.main
     if args.json:
-        _print_json(_check_json(workload, manifests))
+        print_json(_check_json(workload, manifests))
     else:
         _print_check(workload, manifests)
     return 0
@@ -230,7 +227,7 @@ def run_scenarios(args: argparse.Namespace) -> int:
     described = {name: load_workload(scenario_path(name)).description
                  for name in list_scenarios()}
     if args.json:
-        _print_json({"directory": str(SCENARIO_DIR),
+        print_json({"directory": str(SCENARIO_DIR),
                      "scenarios": [{"name": name, "description": description}
                                    for name, description in described.items()]})
         return 0

@@ -5,7 +5,7 @@ JSON form (--json), and the exit code. Building is workloads.zoo; splitting,
 verifying, profiling and progress bars are model_prep (prepare_network).
 
 Exit codes follow masa.cli.main: 0 every network built; 1 the arguments were
-fine but preparing some network failed (model_prep.errors.RunFailed, e.g. a
+fine but preparing some network failed (masa.common.errors.RunFailed, e.g. a
 --verify mismatch): the others are still built and reported; 2 bad usage or
 input (UserError: unknown name, bad scale, unusable store), which stops at
 once; 3 internal error.
@@ -14,17 +14,14 @@ once; 3 internal error.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from masa.common.errors import UserError
+from masa.common.errors import EXIT_FAILED, RunFailed, UserError
+from masa.common.output import print_json
 from masa.common.units import format_bytes
-from model_prep.errors import RunFailed
 from model_prep.manifest import NetworkManifest
 from workloads.zoo import ZOO_NAMES, ZOO_SPECS, check_names, check_scale, write_zoo
-
-EXIT_FAILED = 1  # masa.cli.main's "ran but something failed"
 
 
 def _scale(text: str) -> float:
@@ -121,12 +118,12 @@ def run_zoo(args: argparse.Namespace) -> int:
             continue
         rows.append(_network_row(manifest))
     if args.json:
-        print(json.dumps({
+        print_json({
             "store": str(args.store), "scale": scale, "seed": args.seed,
             "profiled": not args.no_profile, "verify": bool(args.verify),
             "networks": rows,
             "failed": [{"name": name, "error": error} for name, error in failed.items()],
-        }, indent=2))
+        })
     else:
         _print_table(args, scale, rows, failed)
     return EXIT_FAILED if failed else 0

@@ -23,7 +23,15 @@ import traceback
 from collections.abc import Sequence
 
 from masa import __version__
-from masa.common.errors import UserError
+from masa.common.errors import (
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    RunFailed,
+    UserError,
+    one_line,
+)
 
 # command -> (module that registers it, one-line help), in `masa --help` order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,9 +46,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("masa.cli.demo", "prepare a scaled zoo and compare the policies on it"),
     "optimal": ("solver.cli", "optimal schedule (CP-SAT) vs the heuristic on an instance"),
 }
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with `command` fully registered (its module imported) and every
@@ -93,6 +98,12 @@ def run_handler(parser: argparse.ArgumentParser, args: argparse.Namespace, prog:
         return EXIT_USAGE
     try:
         return int(handler(args) or 0)
+    except RunFailed as failure:
+        print(f"{prog}: error: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+    except MemoryError as error:  # the machine's limit: neither bad input nor a bug
+        print(f"{prog}: error: out of memory ({one_line(error)})", file=sys.stderr)
+        return EXIT_FAILED
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE

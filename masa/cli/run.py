@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from masa.common.argtypes import memory_size, positive_int
 from masa.common.atomic import atomic_save_png, atomic_write_bytes
 from masa.common.errors import UserError
+from masa.common.output import add_json_flag, print_json
 from masa.common.units import format_bytes
 from masa.runtime.registry import POLICY_NAMES
 
@@ -45,8 +44,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "with measured process memory (measured)")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="number of jobs: run only the first N of the workload")
-    parser.add_argument("--json", action="store_true",
-                        help="print the report as one JSON document instead of tables")
+    add_json_flag(parser, "the report")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,8 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     infer.add_argument("--memory", type=memory_size, default=memory_size("256MiB"),
                        help="memory budget, a size with a unit (default 256MiB)")
     infer.add_argument("--workers", type=positive_int, default=1)
-    infer.add_argument("--json", action="store_true",
-                       help="print the outputs' names, dtypes and shapes as JSON")
+    add_json_flag(infer, "the outputs' names, dtypes and shapes")
     infer.set_defaults(handler=infer_command)
 
 
@@ -115,11 +112,6 @@ def _describe(outcome: RunOutcome) -> str:
             f"memory budget {format_bytes(outcome.settings.memory_budget_bytes)}")
 
 
-def _print_json(document: Any) -> None:
-    json.dump(document, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
-
-
 def run_command(args: argparse.Namespace) -> int:
     from masa.report.report import format_table, outcome_report, outcome_trace, write_json
     from masa.runtime.runner import execute
@@ -129,7 +121,7 @@ def run_command(args: argparse.Namespace) -> int:
     outcome = execute(prepared, settings, simulate=args.simulate)
     report = outcome_report(outcome, {"workload": str(args.workload)})
     if args.json:
-        _print_json(report)
+        print_json(report)
     else:
         print(_describe(outcome))
         print(format_table(report))
@@ -240,7 +232,7 @@ def compare_command(args: argparse.Namespace) -> int:
         description = _describe(outcome)
     document = {"workload": str(args.workload), "reports": reports}
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         print(f"{args.workload}: {description}")
         print(compare_reports(reports))
@@ -254,15 +246,11 @@ def compare_command(args: argparse.Namespace) -> int:
 def infer_command(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from masa.runtime.runner import NetworkFailed, run_network
+    from masa.runtime.runner import run_network
     from model_prep.feeds import load_feeds
 
     settings = _settings(args, args.policy)
-    try:
-        outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
-    except NetworkFailed as failure:
-        print(f"masa: {failure}", file=sys.stderr)
-        return 1
+    outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
     buffer = io.BytesIO()
     np.savez(buffer, **outputs)
     atomic_write_bytes(args.out, buffer.getvalue())
@@ -272,7 +260,7 @@ def infer_command(args: argparse.Namespace) -> int:
 
 def _print_outputs(outputs: dict[str, np.ndarray], as_json: bool) -> None:
     if as_json:
-        _print_json({"outputs": {name: {"dtype": str(value.dtype), "shape": list(value.shape)}
+        print_json({"outputs": {name: {"dtype": str(value.dtype), "shape": list(value.shape)}
                                  for name, value in outputs.items()}})
         return
     for name, value in outputs.items():

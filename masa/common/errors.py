@@ -1,7 +1,9 @@
 """User-facing errors and the error collector every loader uses.
 
 A `UserError` is bad input, not a bug: the CLI prints its one-line message on
-stderr and exits 2, with no traceback. `ErrorCollector` gathers every problem in
+stderr and exits 2, with no traceback. Its subclass `RunFailed` is a valid
+input whose run failed (a verification mismatch, a network that failed, a
+stage ONNX Runtime refused): one line, exit 1. `ErrorCollector` gathers every problem in
 a file before raising, each as ``file: at 'path': message`` (borgmatic style),
 so a user fixes all of them in one go.
 """
@@ -14,6 +16,14 @@ from typing import Any
 
 class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+class RunFailed(UserError):
+    """The input was fine and the command ran, but what it ran failed: exit code 1.
+
+    A UserError on purpose: still one line with no traceback, and callers of
+    the Python API that stop on UserError (prepare, verify, profile) keep doing so.
+    """
 
 
 class ValidationError(UserError):
@@ -86,3 +96,6 @@ def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (ONNX Runtime's span many), or its type."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+# The exit codes of every command (masa.cli.main maps exceptions to them).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3

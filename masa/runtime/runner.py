@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from masa.common.errors import UserError
+from masa.common.errors import RunFailed, UserError
 from masa.runtime.registry import POLICY_NAMES, make_policy
 from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
 from masa.runtime.virtual import simulate_graph
@@ -246,10 +246,6 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
     )
 
 
-class NetworkFailed(RuntimeError):
-    """One network run through the layer scheduler did not complete (exit code 1)."""
-
-
 def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
                 settings: RunSettings) -> dict[str, np.ndarray]:
     """One network, one input, through the layer scheduler (real executor)."""
@@ -265,6 +261,6 @@ def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
     result = executor.run()
     group = group_id(0, name)
     if result.group_status.get(group) != "done":
-        raise NetworkFailed(f"network {name!r} failed: "
+        raise RunFailed(f"network {name!r} failed: "
                             f"{result.errors.get(group, 'unknown error')}")
     return result.outputs[group]
