@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "manifest.yaml"
 LAYER_TYPES = ("conv", "fc", "other")
+LOAD_MODES = ("mmap", "copy")  # model_prep.stage_files
 # onnxruntime.GraphOptimizationLevel names an optimised graph may be made at.
 ORT_GRAPH_LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT",
                     "ORT_ENABLE_ALL")
@@ -52,15 +53,32 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class SessionAlternative:
+    """The figures of the session option the profiler measured and did not choose."""
+
+    prepack: bool
+    load_time_us: int
+    exec_time_us: int
+    load_peak_bytes: int
+    resident_bytes: int
+    exec_peak_bytes: int
+
+
+@dataclass(frozen=True)
 class StageProfile:
     """Measured cost of one stage, in one fresh worker, one stage at a time.
 
     Memory figures are increases over the RSS just before the operation:
     - load_peak_bytes: peak during file read + session creation (kernel VmHWM);
-    - resident_bytes: what stays resident after the load (the session);
-    - exec_peak_bytes: peak working memory of one run on a loaded session.
+    - resident_bytes: what the stage holds from its load until it is unloaded:
+      the session's anonymous memory after the load, plus mapped_bytes;
+    - exec_peak_bytes: peak working memory of one run on a loaded session,
+      less the weight pages the run mapped in (those are in resident_bytes);
+    - mapped_bytes: file-backed weight pages the session maps from the stage's
+      data file (0 when its weights are copied).
     The sampled_* figures are the same peaks seen by a /proc/self/statm polling
-    thread, whose median interval was sampling_interval_us.
+    thread, whose median interval was sampling_interval_us. `alternative` holds
+    the figures of the other session option when both were measured.
     """
 
     load_time_us: int
@@ -72,6 +90,8 @@ class StageProfile:
     sampled_load_peak_bytes: int
     sampled_exec_peak_bytes: int
     sampling_interval_us: float
+    mapped_bytes: int = 0
+    alternative: SessionAlternative | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,10 @@ class Stage:
     weight_bytes: int
     note: str | None = None  # why the stage is larger than one weighted operator
     profile: StageProfile | None = None
+    mapped_bytes: int = 0  # weight bytes in the stage's data file, mapped, not copied
+    # Session with prepacking (graph level ALL), or without it (level EXTENDED)
+    # so that mapped weights stay mapped (model_prep.session.stage_session_options).
+    prepack: bool = True
 
 
 @dataclass(frozen=True)
@@ -126,6 +150,7 @@ class NetworkManifest:
     format: int = MANIFEST_FORMAT
     directory: Path = field(default=Path("."), compare=False)
     ort_optimized: OrtOptimization | None = None  # None: cut from the model as given
+    load_mode: str = "copy"  # how the stage files hold their weights (LOAD_MODES)
 
     def stage_path(self, stage: Stage) -> Path:
         return self.directory / stage.file
@@ -137,8 +162,18 @@ class NetworkManifest:
     def with_profiles(
         self, profiles: dict[str, StageProfile], runtime_base: RuntimeBase | None
     ) -> NetworkManifest:
-        stages = tuple(replace(s, profile=profiles.get(s.stage_id, s.profile)) for s in self.stages)
+        """The manifest with these profiles; each stage takes the session option its
+        profile measured (prepack is the option `alternative` is not)."""
+        stages = tuple(_with_profile(s, profiles.get(s.stage_id)) for s in self.stages)
         return replace(self, stages=stages, runtime_base=runtime_base)
+
+
+def _with_profile(stage: Stage, profile: StageProfile | None) -> Stage:
+    if profile is None:
+        return stage
+    if profile.alternative is None:
+        return replace(stage, profile=profile)
+    return replace(stage, profile=profile, prepack=not profile.alternative.prepack)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -170,6 +205,7 @@ def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
         "inputs": [_tensor_to_dict(t) for t in manifest.inputs],
         "outputs": [_tensor_to_dict(t) for t in manifest.outputs],
         **optimized,
+        "load_mode": manifest.load_mode,
         "runtime_base": asdict(manifest.runtime_base) if manifest.runtime_base else None,
         "stages": [
             {
@@ -183,6 +219,8 @@ def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
                 "producers": list(s.producers),
                 "weight_bytes": s.weight_bytes,
                 "note": s.note,
+                "mapped_bytes": s.mapped_bytes,
+                "prepack": s.prepack,
                 "profile": asdict(s.profile) if s.profile else None,
             }
             for s in manifest.stages
@@ -215,16 +253,35 @@ def _tensor_from_dict(errors: ErrorCollector, raw: Any, path: str) -> TensorSpec
 
 
 def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str) -> Any:
+    """A flat dataclass of non-negative numbers and booleans; fields with a default
+    may be absent (manifests written before they existed)."""
     if not isinstance(raw, dict):
         errors.add(path, f"expected a mapping, got {raw!r}")
         return None
+    defaults = {f.name for f in fields(cls)
+                if f.default is not MISSING or f.default_factory is not MISSING}
     values = {}
     for name, kind in cls.__annotations__.items():
+        if name in defaults and name not in raw:
+            continue
+        if kind == "bool":
+            flag = errors.get(raw, name, bool, path)
+            if flag is None:
+                return None
+            values[name] = flag
+            continue
+        if kind.startswith("SessionAlternative"):
+            if raw[name] is not None:
+                values[name] = _dataclass_from_dict(errors, SessionAlternative, raw[name],
+                                                    f"{path}.{name}")
+                if values[name] is None:
+                    return None
+            continue
         expected = (int, float) if kind == "float" else int
         value = errors.get(raw, name, expected, path)
         if value is None:
             return None
-        if value < 0:
+        if isinstance(value, bool) or value < 0:
             errors.add(f"{path}.{name}", f"expected a non-negative number, got {value}")
             return None
         values[name] = value
@@ -265,6 +322,9 @@ def manifest_from_dict(
     optimized_raw = raw.get("ort_optimized")
     ort_optimized = (_ort_optimization_from_dict(errors, optimized_raw)
                      if optimized_raw is not None else None)
+    load_mode = errors.get(raw, "load_mode", str, "", required=False) or "copy"
+    if load_mode not in LOAD_MODES:
+        errors.add("load_mode", f"expected one of {', '.join(LOAD_MODES)}, got {load_mode!r}")
     runtime_raw = raw.get("runtime_base")
     runtime_base = (
         _dataclass_from_dict(errors, RuntimeBase, runtime_raw, "runtime_base")
@@ -284,7 +344,7 @@ def manifest_from_dict(
         name=name, source_path=source_path, source_sha256=source_sha, ir_version=ir_version,
         opsets=tuple(opsets), inputs=tensors["inputs"], outputs=tensors["outputs"],
         stages=tuple(stages), runtime_base=runtime_base, format=fmt, directory=directory,
-        ort_optimized=ort_optimized,
+        ort_optimized=ort_optimized, load_mode=load_mode,
     )
 
 
@@ -369,6 +429,10 @@ def _stage_from_dict(
             errors.add(f"{path}.producers", f"unknown or later stage {producer!r} "
                        "(stages must be listed in topological order)")
     note = errors.get(raw, "note", (str, type(None)), path, required=False)
+    mapped_bytes = errors.get(raw, "mapped_bytes", int, path, required=False) or 0
+    if mapped_bytes < 0:
+        errors.add(f"{path}.mapped_bytes", f"expected a non-negative integer, got {mapped_bytes}")
+    prepack = errors.get(raw, "prepack", bool, path, required=False)
     tensor_lists = {}
     for key in ("inputs", "outputs"):
         items = errors.get(raw, key, list, path) or []
@@ -398,6 +462,7 @@ def _stage_from_dict(
         stage_id=stage_id, file=file_name, sha256=sha256, op_types=tuple(op_types),
         layer_type=layer_type, inputs=tensor_lists["inputs"], outputs=tensor_lists["outputs"],
         producers=tuple(producers), weight_bytes=weight_bytes, note=note, profile=profile,
+        mapped_bytes=mapped_bytes, prepack=True if prepack is None else prepack,
     )
 
 

@@ -7,17 +7,22 @@ model_prep.session), masa.common.procmem and the manifest's records, so the
 runtime base it reports is what an executor's worker pays, not what the
 preparator (onnx) pays.
 
-Per stage (docs/profiling.md): the load peak of `create_session(path)`,
+Per stage (docs/profiling.md), with the session option of the job
+(`StageJob.prepack`): the load peak of `load_stage(path, ...)`,
 observed by the supervisor's sampler and by the kernel's VmHWM; the load time
 and resident size from one more load nobody observes (the busy sampler slows
 loads); the exec peak of the first run of a fresh session; the median of
 `runs` timed runs after warm-up. Every memory figure is an increase over the
-RSS just before the operation, measured after `release_memory()`.
+RSS just before the operation, measured after `release_memory()`. Weight
+pages a run maps in from the stage's data file (file-backed RSS growth over
+the first run) count as resident from the load on, not as exec memory: the
+LOAD reads them in and they stay until the stage is unloaded.
 """
 
 from __future__ import annotations
 
 import multiprocessing.connection
+import os
 import signal
 import statistics
 import time
@@ -30,7 +35,12 @@ import numpy as np
 from masa.common.errors import one_line
 from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
 from model_prep.manifest import RuntimeBase, TensorSpec
-from model_prep.session import create_session, pin_malloc_threshold, release_memory
+from model_prep.session import (
+    create_session,
+    load_stage,
+    pin_malloc_threshold,
+    release_memory,
+)
 
 WORKER_COMMAND = ("import sys; from model_prep.profile_worker import worker_entry; "
                   "worker_entry(sys.argv[1:])")
@@ -48,6 +58,8 @@ class StageJob:
     seed: tuple[int, int]  # (user seed, stage index): same inputs in either isolation mode
     sample_attempts: int
     gap_limit_us: float
+    prepack: bool = True  # the session option measured (model_prep.session.load_stage)
+    mapped_bytes: int = 0  # weight bytes in the stage's data file
 
 
 def worker_entry(argv: list[str]) -> None:
@@ -135,6 +147,8 @@ def _measure_stage(job: StageJob, conn: Any | None, kernel_peak: bool) -> dict[s
     load_time_us, load_peak, resident = stage.load()
     feeds = _random_inputs(job.inputs, job.seed)
     exec_peak = stage.first_run(feeds)
+    # The run's file-backed growth: weight pages of the data file it mapped in.
+    mapped = stage.mapped_in_bytes
     exec_time_us = stage.timed_runs(feeds)
     feeds.clear()  # drop the inputs before the final trim
     release_memory()
@@ -142,10 +156,20 @@ def _measure_stage(job: StageJob, conn: Any | None, kernel_peak: bool) -> dict[s
         "load_time_us": int(load_time_us),
         "exec_time_us": exec_time_us,
         "load_peak_bytes": load_peak,
-        "resident_bytes": resident,
-        "exec_peak_bytes": exec_peak,
+        "resident_bytes": resident + mapped,
+        "exec_peak_bytes": exec_peak,  # raw: model_prep.profile takes `mapped` out
+        "mapped_bytes": mapped,
         "kernel_peak": kernel_peak,
     }
+
+
+def _file_backed_bytes() -> int:
+    """Resident file-backed (and shared) pages: /proc/self/statm's third field."""
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[2]) * _PAGE_BYTES
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 class _StageMeasurement:
@@ -158,6 +182,7 @@ class _StageMeasurement:
         # The only reference to the stage's live session, so that dropping it
         # here (reload, the end of the timed runs) really frees it.
         self.session: Any = None
+        self.mapped_in_bytes = 0  # file-backed growth over the last first run
 
     def load(self) -> tuple[int, int, int]:
         """(load time us, load peak bytes, resident bytes); leaves a loaded session."""
@@ -166,7 +191,7 @@ class _StageMeasurement:
             # sampler busy-polls from another core and slowed loads by 15-20% in
             # tests, so the load time and resident size come from one more load
             # that nobody watches.
-            load_peak = self._observed("load", lambda: create_session(self.job.path))
+            load_peak = self._observed("load", self._new_session)
             load_time_us, load_base, _ = self._timed_load()
         else:
             load_time_us, load_base, load_peak = self._timed_load()
@@ -181,15 +206,24 @@ class _StageMeasurement:
         a fresh session (`_reload`).
         """
         if self.conn is not None:
-            return self._observed("exec", lambda: self.session.run(None, feeds), self._reload)
+            return self._observed("exec", lambda: self._run_once(feeds), self._reload)
         release_memory()
         exec_base = rss_bytes()
         if self.kernel_peak:
             reset_peak()
-        outputs = self.session.run(None, feeds)
+        outputs = self._run_once(feeds)
         exec_peak = self._peak_increase(exec_base)
         del outputs
         return exec_peak
+
+    def _run_once(self, feeds: dict[str, Any]) -> Any:
+        file_before = _file_backed_bytes()
+        outputs = self.session.run(None, feeds)
+        self.mapped_in_bytes = max(0, _file_backed_bytes() - file_before)
+        return outputs
+
+    def _new_session(self) -> Any:
+        return load_stage(self.job.path, self.job.prepack, self.job.mapped_bytes)
 
     def timed_runs(self, feeds: dict[str, Any]) -> int:
         """Median run time in us after the warm-up runs; drops the session."""
@@ -239,11 +273,11 @@ class _StageMeasurement:
         if self.kernel_peak:
             reset_peak()
         start_ns = time.perf_counter_ns()
-        self.session = create_session(self.job.path)
+        self.session = self._new_session()
         duration_us = (time.perf_counter_ns() - start_ns) // 1000
         return duration_us, base, self._peak_increase(base)
 
     def _reload(self) -> None:
         self.session = None
         release_memory()
-        self.session = create_session(self.job.path)
+        self.session = self._new_session()

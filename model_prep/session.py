@@ -13,6 +13,18 @@ from `session_options`:
 - sessions are created from a file path, never from bytes (from bytes ORT keeps
   a second copy of the weights).
 
+A stage's LOAD goes through `load_stage`, with the session option its manifest
+chose (`Stage.prepack`, decided per stage by the profiler):
+- prepack=False: `session.disable_prepacking=1` and graph level EXTENDED, so
+  weights in a page-aligned data file (model_prep.stage_files, load mode
+  "mmap") stay mapped instead of copied (level ALL turns conv weights into
+  blocked NCHWc copies even without prepacking). `load_stage` then reads the
+  data file's pages into the page cache itself (`read_in`), so the storage I/O
+  happens in the LOAD and the EXEC runs on resident pages;
+- prepack=True: ONNX Runtime's defaults (level ALL, prepacked weights): a
+  private copy of the weights, worth it where the profiler measured that the
+  copy pays for itself in one run.
+
 `create_session` also pins glibc's mmap threshold (`pin_malloc_threshold`), so
 a stage's memory figures do not depend on what the process loaded before.
 
@@ -26,6 +38,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import mmap
+import os
 from pathlib import Path
 
 import onnxruntime as ort
@@ -46,15 +60,70 @@ def session_options(intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> ort.Ses
     return options
 
 
+def stage_session_options(prepack: bool = True,
+                          intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> ort.SessionOptions:
+    """`session_options`, without prepacking and at graph level EXTENDED unless prepack."""
+    options = session_options(intra_op_threads)
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return options
+
+
 def create_session(
-    model_path: str | Path, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS
+    model_path: str | Path, intra_op_threads: int = DEFAULT_INTRA_OP_THREADS,
+    prepack: bool = True,
 ) -> ort.InferenceSession:
     """An InferenceSession on the CPU, created from a path with the shared options."""
     return ort.InferenceSession(
         str(model_path),
-        sess_options=session_options(intra_op_threads),
+        sess_options=stage_session_options(prepack, intra_op_threads),
         providers=["CPUExecutionProvider"],
     )
+
+
+def load_stage(
+    model_path: str | Path, prepack: bool, mapped_bytes: int,
+    intra_op_threads: int = DEFAULT_INTRA_OP_THREADS,
+) -> ort.InferenceSession:
+    """A stage's LOAD: its session, with mapped weights read in from storage."""
+    session = create_session(model_path, intra_op_threads, prepack)
+    if mapped_bytes and not prepack:
+        read_in(f"{model_path}.data")
+    return session
+
+
+# Linux >= 5.14: fault every page of a mapping in, reading from storage as needed,
+# without copying anything into the process.
+_MADV_POPULATE_READ = 22
+
+
+def read_in(path: str | Path) -> int:
+    """Bring a file's pages into the page cache before it is used; its size in bytes.
+
+    Maps the file, populates the mapping and unmaps it again: the pages stay in
+    the page cache (charged to the process's memory cgroup, shared with ONNX
+    Runtime's own mapping of the same file, which then only takes minor
+    faults), and nothing is copied. Where MADV_POPULATE_READ is missing (older
+    kernels) it touches one byte per page instead.
+    """
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return 0
+        with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as view:
+            try:
+                view.madvise(_MADV_POPULATE_READ)
+            except (OSError, ValueError):
+                _touch_pages(view, size)
+    return size
+
+
+def _touch_pages(view: mmap.mmap, size: int) -> None:
+    if hasattr(mmap, "MADV_WILLNEED"):
+        view.madvise(mmap.MADV_WILLNEED)  # start reading ahead while we fault pages in
+    for offset in range(0, size, mmap.PAGESIZE):
+        view[offset]
 
 
 def _load_libc() -> ctypes.CDLL | None:

@@ -36,6 +36,7 @@ from onnx import external_data_helper
 
 from masa.common.errors import UserError, one_line
 from model_prep.manifest import (
+    LOAD_MODES,
     MANIFEST_NAME,
     NetworkManifest,
     OrtOptimization,
@@ -46,7 +47,12 @@ from model_prep.onnx_graph import check_structure, read_graph
 from model_prep.optimize import current_optimization, optimize_for_split
 from model_prep.planner import DEFAULT_MAX_CUT_TENSORS, GraphAnalysis, NodeRecord, plan_network
 from model_prep.shapes import has_known_type, infer_types, tensor_spec
-from model_prep.stage_files import DEFAULT_EXTERNAL_DATA_BYTES, SplitProgress, write_stages
+from model_prep.stage_files import (
+    DEFAULT_EXTERNAL_DATA_BYTES,
+    DEFAULT_LOAD_MODE,
+    SplitProgress,
+    write_stages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +140,7 @@ def split_model(
     progress: SplitProgress | None = None,
     ort_optimize: bool = False,
     scratch_dir: str | Path | None = None,
+    load_mode: str = DEFAULT_LOAD_MODE,
 ) -> NetworkManifest:
     """Split MODEL into `out_dir/stages/*.onnx` and write `out_dir/manifest.yaml`.
 
@@ -143,10 +150,14 @@ def split_model(
     224]}; a string dim stays symbolic). With `ort_optimize`, the graph split
     is ONNX Runtime's optimised version of the model (model_prep.optimize),
     made in a temporary directory under `scratch_dir` (default: the system's)
-    that is gone when this returns. Returns the manifest (without profiles),
-    whose `directory` is `out_dir`.
+    that is gone when this returns. `load_mode` ("mmap" or "copy") is how
+    stage files hold their weights (model_prep.stage_files). Returns the
+    manifest (without profiles), whose `directory` is `out_dir`.
     """
     check_network_name(name)
+    if load_mode not in LOAD_MODES:
+        raise UserError(f"--load-mode: expected one of {', '.join(LOAD_MODES)}, got "
+                        f"{load_mode!r}")
     if max_cut_tensors < 1:
         raise UserError(f"--max-cut-tensors: expected a positive integer, got {max_cut_tensors}")
     if min_stage_weight_bytes < 0:
@@ -171,7 +182,7 @@ def split_model(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir}: expected an empty or new directory for the network")
     stages = write_stages(model, layouts, types, typed.output_types, out_dir,
-                          external_data_bytes, progress)
+                          external_data_bytes, progress, load_mode)
     manifest = NetworkManifest(
         name=name,
         source_path=str(model_path.resolve()),
@@ -183,6 +194,7 @@ def split_model(
         stages=tuple(stages),
         directory=out_dir,
         ort_optimized=typed.ort_optimized,
+        load_mode=load_mode,
     )
     write_manifest(manifest, out_dir / MANIFEST_NAME)
     log.info("split %s%s into %d stages (%d weighted operators)", source,

@@ -32,7 +32,7 @@ from onnx import external_data_helper
 from masa.common.errors import RunFailed, UserError, one_line
 from model_prep.feeds import random_feeds
 from model_prep.manifest import NetworkManifest, Stage
-from model_prep.session import create_session, release_memory
+from model_prep.session import create_session, load_stage, release_memory
 from model_prep.shapes import tensor_bytes_estimate
 from model_prep.stage_files import DEFAULT_EXTERNAL_DATA_BYTES
 
@@ -143,7 +143,7 @@ def _run_stage(manifest: NetworkManifest, stage: Stage, feeds: dict[str, np.ndar
     path = manifest.stage_path(stage)
     session = None
     try:
-        session = create_session(path)
+        session = load_stage(path, stage.prepack, stage.mapped_bytes)
         return session.run([spec.name for spec in stage.outputs], feeds)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         raise RunFailed(f"{path}: ONNX Runtime failed on stage {stage.stage_id!r} of network "

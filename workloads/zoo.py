@@ -37,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 from masa.common.errors import UserError
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.prepare_cli import ensure_store, prepare_network
+from model_prep.stage_files import DEFAULT_LOAD_MODE
 
 log = logging.getLogger(__name__)
 
@@ -468,6 +469,7 @@ def write_zoo(
     profile_runs: int | None = None,
     verify: bool = False,
     show_progress: bool | None = False,
+    load_mode: str = DEFAULT_LOAD_MODE,
 ) -> list[NetworkManifest]:
     """Build zoo networks and prepare each into `store_dir/NAME/` (split, profile).
 
@@ -477,6 +479,7 @@ def write_zoo(
     or an interrupt leaves the store's networks as they were). The whole model
     is then kept as `NAME/source.onnx` and the manifest's source path names it.
     show_progress: None draws progress bars when stderr is a terminal.
+    load_mode: how stage files hold weights ("mmap" or "copy", model_prep.stage_files).
     Returns the manifests as loaded (and validated) from their final place, in
     the order of `names` (all nine when empty).
     """
@@ -498,7 +501,7 @@ def write_zoo(
             source = save_model(name, staging / f"{name}.onnx", scale, seed)
             prepared = prepare_network(source, store, name, profile=profile,
                                        profile_runs=profile_runs, verify=verify, seed=seed,
-                                       show_progress=show_progress)
+                                       show_progress=show_progress, load_mode=load_mode)
             network_dir = prepared.manifest.directory
             os.replace(source, network_dir / SOURCE_NAME)
             write_manifest(replace(prepared.manifest,
