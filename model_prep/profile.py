@@ -46,7 +46,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,13 +53,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from masa.common.errors import RunFailed, UserError
 from model_prep.manifest import NetworkManifest, RuntimeBase, SessionAlternative, StageProfile
 from model_prep.profile_worker import WORKER_COMMAND, StageJob
+from model_prep.session import WARMUP_MODEL_PATH
 
 log = logging.getLogger(__name__)
 
@@ -365,29 +361,6 @@ def _alternative(profile: StageProfile, prepack: bool) -> SessionAlternative:
         exec_peak_bytes=profile.exec_peak_bytes)
 
 
-def _write_throwaway_model(directory: str) -> str:
-    """A tiny Conv+Gemm model for the worker's first session (pays one-time ORT setup)."""
-    rng = np.random.default_rng(0)
-    conv_w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
-    gemm_w = rng.standard_normal((4 * 8 * 8, 8), dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
-            helper.make_node("Relu", ["c"], ["r"]),
-            helper.make_node("Flatten", ["r"], ["f"]),
-            helper.make_node("Gemm", ["f", "gemm_w"], ["y"]),
-        ],
-        "masa_throwaway",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(gemm_w, "gemm_w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
-    path = os.path.join(directory, "throwaway.onnx")
-    onnx.save(model, path)
-    return path
-
-
 def profile_network(
     manifest: NetworkManifest,
     runs: int = DEFAULT_RUNS,
@@ -418,13 +391,12 @@ def profile_network(
     _check_arguments(runs, warmup_runs, isolation, sample_attempts, kernel_peak, sample)
     jobs = _stage_jobs(manifest, stage_ids, runs, warmup_runs, seed, sample_attempts,
                        gap_limit_us)
-    with tempfile.TemporaryDirectory(prefix="masa-profile-") as temp_dir:
-        throwaway_path = _write_throwaway_model(temp_dir)
-        tally = _profile_jobs(jobs, throwaway_path, isolation, kernel_peak, sample, progress)
-        if not tally.bases:  # nothing to profile: still report what a worker costs
-            worker = _Worker(throwaway_path, kernel_peak, False)
-            tally.bases.append(worker.runtime_base)
-            worker.close()
+    throwaway_path = str(WARMUP_MODEL_PATH)
+    tally = _profile_jobs(jobs, throwaway_path, isolation, kernel_peak, sample, progress)
+    if not tally.bases:  # nothing to profile: still report what a worker costs
+        worker = _Worker(throwaway_path, kernel_peak, False)
+        tally.bases.append(worker.runtime_base)
+        worker.close()
     if tally.gapped_phases:
         # Not a failure: VmHWM is the figure that counts. It says how far the
         # sampled figures (the paper's method) can be trusted on this machine.

@@ -36,6 +36,7 @@ from masa.common.errors import one_line
 from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
 from model_prep.manifest import RuntimeBase, TensorSpec
 from model_prep.session import (
+    WARMUP_INPUT_SHAPE,
     create_session,
     load_stage,
     pin_malloc_threshold,
@@ -114,7 +115,7 @@ def _measure_runtime_base(throwaway_path: str, kernel_peak: bool) -> tuple[Runti
     first_session_time_us = (time.perf_counter_ns() - start_ns) // 1000
     # One run too: the first run initialises per-process kernel state that
     # would otherwise land in the first stage's exec figures.
-    session.run(None, {"x": np.zeros((1, 3, 8, 8), dtype=np.float32)})
+    session.run(None, {"x": np.zeros(WARMUP_INPUT_SHAPE, dtype=np.float32)})
     del session
     release_memory()
     first_session = max(0, rss_bytes() - process_rss)

@@ -31,7 +31,14 @@ from model_prep.manifest import (
 )
 from model_prep.prepare_cli import prepare_network
 from model_prep.profile import PREPACK_MIN_GAIN, choose_session
-from model_prep.session import load_stage, read_in, release_memory
+from model_prep.session import (
+    WARMUP_INPUT_SHAPE,
+    WARMUP_MODEL_PATH,
+    load_stage,
+    read_in,
+    release_memory,
+    warm_up,
+)
 from model_prep.split import split_model
 from model_prep.stage_files import (
     LARGE_TENSOR_ALIGNMENT_BYTES,
@@ -258,3 +265,22 @@ def test_prepare_cli_load_mode(tmp_path: Path, fc_source: Path,
         masa_main(["prepare", str(fc_source), "--store", str(store), "--load-mode", "lazy"])
     assert exit_info.value.code == 2
     assert "--load-mode" in capsys.readouterr().err
+
+
+def test_the_shipped_warm_up_model_is_the_documented_one() -> None:
+    """model_prep/warmup.onnx (package data: the run path cannot build it, it has no onnx)."""
+    rng = np.random.default_rng(0)
+    conv_w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    gemm_w = rng.standard_normal((4 * 8 * 8, 8), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Flatten", ["r"], ["f"]),
+         helper.make_node("Gemm", ["f", "gemm_w"], ["y"])],
+        "masa_throwaway",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(WARMUP_INPUT_SHAPE))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(gemm_w, "gemm_w")])
+    shipped = onnx.load(str(WARMUP_MODEL_PATH))
+    assert shipped.graph == graph
+    warm_up()  # creates, runs and drops a session on it
