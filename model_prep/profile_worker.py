@@ -22,7 +22,6 @@ LOAD reads them in and they stay until the stage is unloaded.
 from __future__ import annotations
 
 import multiprocessing.connection
-import os
 import signal
 import statistics
 import time
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from masa.common.errors import one_line
-from masa.common.procmem import peak_rss_bytes, reset_peak, rss_bytes
+from masa.common.procmem import peak_rss_bytes, reset_peak, resident_split, rss_bytes
 from model_prep.manifest import RuntimeBase, TensorSpec
 from model_prep.session import (
     WARMUP_INPUT_SHAPE,
@@ -164,14 +163,6 @@ def _measure_stage(job: StageJob, conn: Any | None, kernel_peak: bool) -> dict[s
     }
 
 
-def _file_backed_bytes() -> int:
-    """Resident file-backed (and shared) pages: /proc/self/statm's third field."""
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[2]) * _PAGE_BYTES
-
-
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
 
 class _StageMeasurement:
     """The measurements of one stage; `conn` (the supervisor's sampler) None: unsampled."""
@@ -218,9 +209,9 @@ class _StageMeasurement:
         return exec_peak
 
     def _run_once(self, feeds: dict[str, Any]) -> Any:
-        file_before = _file_backed_bytes()
+        file_before = resident_split().file_backed_bytes
         outputs = self.session.run(None, feeds)
-        self.mapped_in_bytes = max(0, _file_backed_bytes() - file_before)
+        self.mapped_in_bytes = max(0, resident_split().file_backed_bytes - file_before)
         return outputs
 
     def _new_session(self) -> Any:

@@ -143,17 +143,19 @@ def _failed(report: dict[str, Any]) -> bool:
 def compare_reports(reports: dict[str, dict[str, Any]]) -> str:
     """One table of the policies' figures, with Masa's gain over each other policy."""
     header = (f"{'policy':<9} {'mean ms':>9} {'p50 ms':>9} {'p95 ms':>9} {'makespan s':>11} "
-              f"{'peak reserved':>14} {'peak measured':>14} {'util':>5} {'failed':>6}")
+              f"{'peak reserved':>14} {'peak measured':>14} {'anon':>10} {'file':>10} "
+              f"{'util':>5} {'failed':>6}")
     lines = [header, "-" * len(header)]
     for policy, report in reports.items():
         summary = report["summary"]
         stats = summary["response_us"]
-        measured = summary["peak_measured_bytes"]
         lines.append(
             f"{policy:<9} {_ms(stats['mean']):>9} {_ms(stats['p50']):>9} "
             f"{_ms(stats['p95']):>9} {summary['makespan_us'] / 1e6:>11.3f} "
             f"{format_bytes(summary['peak_reserved_bytes']):>14} "
-            f"{'-' if measured is None else format_bytes(measured):>14} "
+            f"{_size(summary.get('peak_measured_bytes')):>14} "
+            f"{_size(summary.get('peak_anonymous_bytes')):>10} "
+            f"{_size(summary.get('peak_file_backed_bytes')):>10} "
             f"{100 * summary['worker_utilisation']:>4.0f}% {summary['jobs_failed']:>6}")
     masa_mean = reports.get("masa", {}).get("summary", {}).get("response_us", {}).get("mean")
     if masa_mean:
@@ -167,6 +169,10 @@ def compare_reports(reports: dict[str, dict[str, Any]]) -> str:
 
 def _ms(value_us: float | None) -> str:
     return "-" if value_us is None else f"{value_us / 1000:.1f}"
+
+
+def _size(memory_bytes: int | None) -> str:
+    return "-" if memory_bytes is None else format_bytes(memory_bytes)
 
 
 def _pyplot() -> Any:

@@ -1,24 +1,70 @@
-"""Reading a process's memory: current RSS and the kernel's peak from /proc, by kind via psutil.
+"""Reading a process's memory: current RSS, its split, the kernel's peak, and its cgroup.
 
-`reset_peak()` writes 5 to /proc/self/clear_refs, which resets VmHWM (the
-high-water mark of RSS); `peak_rss_bytes()` then reads the exact peak since the
-reset. VmHWM is per process, so a peak is exact for one operation only when
-nothing else in the process allocates meanwhile (offline profiling).
+This module owns every reading of process memory, none of which needs more
+than the standard library and psutil:
+
+- `rss_bytes()` and `resident_split()`: one short read of /proc/self/statm,
+  cheap enough for every scheduling decision; the split is anonymous (heap,
+  tensors, ONNX Runtime arenas) versus file-backed (statm's `shared`: RssFile +
+  RssShmem, mapped libraries and model files);
+- `reset_peak()` writes 5 to /proc/self/clear_refs, which resets VmHWM (the
+  high-water mark of RSS); `peak_rss_bytes()` then reads the exact peak since the
+  reset. VmHWM is per process, so a peak is exact for one operation only when
+  nothing else in the process allocates meanwhile;
+- `process_memory_bytes()`: the full split through psutil (smaps_rollup), for
+  reports;
+- the process's memory cgroup (v1 or v2): `find_memory_cgroup`,
+  `read_cgroup_memory` and `CgroupMeter` (usage at the start of a run, its peak
+  and OOM kills over the run). The root cgroup is never reported: its figures
+  are the whole machine's.
+
+Readers take the /proc and cgroup roots as parameters so tests can point them
+at a fake tree.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import psutil
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+PROC_ROOT = "/proc"
+CGROUP_ROOT = "/sys/fs/cgroup"
+# cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages: anything this large is unlimited.
+_V1_UNLIMITED_BYTES = 2**62
 
 
 def rss_bytes() -> int:
     """Resident set size now, from /proc/self/statm (cheap: one short read)."""
     with open("/proc/self/statm", "rb") as statm:
         return int(statm.read().split()[1]) * _PAGE_BYTES
+
+
+class ResidentSplit(NamedTuple):
+    """Resident memory by kind, in bytes; the two add up to the RSS."""
+
+    anonymous_bytes: int
+    file_backed_bytes: int
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.anonymous_bytes + self.file_backed_bytes
+
+
+def resident_split(proc_root: str | Path = PROC_ROOT, pid: int | str = "self") -> ResidentSplit:
+    """Anonymous and file-backed resident bytes from one read of /proc/PID/statm.
+
+    statm's fields are pages: size resident shared text lib data dt; `shared`
+    is RssFile + RssShmem, the rest of `resident` is anonymous.
+    """
+    with open(f"{proc_root}/{pid}/statm", "rb") as statm:
+        fields = statm.read().split()
+    resident, shared = int(fields[1]), int(fields[2])
+    return ResidentSplit((resident - shared) * _PAGE_BYTES, shared * _PAGE_BYTES)
 
 
 def _status_kib(field: str) -> int:
@@ -49,8 +95,220 @@ def process_memory_bytes(pid: int | None = None) -> dict[str, int]:
     file-backed (`shared`: RssFile + RssShmem), unique (uss), proportional (pss), swap.
 
     Reads /proc/PID/smaps_rollup (a few ms for a large process): for reports and
-    metrics, not for the scheduler's per-decision reading (`rss_bytes`).
+    metrics, not for the scheduler's per-decision reading (`resident_split`).
     """
     info = psutil.Process(pid).memory_full_info()
     return {"rss": info.rss, "anonymous": info.rss - info.shared, "file_backed": info.shared,
             "uss": info.uss, "pss": getattr(info, "pss", 0), "swap": getattr(info, "swap", 0)}
+
+
+# ---------------------------------------------------------------- memory cgroup
+
+
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """A process's memory cgroup: its version (1 or 2), path and directory of files."""
+
+    version: int
+    path: str  # as in /proc/PID/cgroup, e.g. /system.slice/masa.service
+    directory: Path
+
+
+@dataclass(frozen=True)
+class CgroupReading:
+    """One reading of a memory cgroup's files (bytes; None where a file is absent)."""
+
+    usage_bytes: int
+    peak_bytes: int | None  # v1 memory.max_usage_in_bytes, v2 memory.peak
+    limit_bytes: int | None  # None: unlimited
+    anonymous_bytes: int | None  # v1 memory.stat total_rss, v2 anon
+    file_bytes: int | None  # v1 memory.stat total_cache, v2 file
+    oom_kills: int | None  # v1 memory.oom_control oom_kill, v2 memory.events oom_kill
+
+
+def find_memory_cgroup(proc_root: str | Path = PROC_ROOT, cgroup_root: str | Path = CGROUP_ROOT,
+                       pid: int | str = "self") -> MemoryCgroup | None:
+    """The memory cgroup a process is in; None in the root cgroup or without a memory
+    controller (also when its directory is not visible under `cgroup_root`).
+
+    A v1 line `N:...memory...:/path` wins over the v2 line `0::/path` (hybrid
+    hierarchies mount v2 without the memory controller). The v2 root has no
+    memory.current; a cgroup namespace's root (a container) has one and counts.
+    """
+    try:
+        lines = Path(f"{proc_root}/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            directory = Path(cgroup_root, "memory", path.lstrip("/"))
+            if path == "/" or not (directory / "memory.usage_in_bytes").is_file():
+                return None
+            return MemoryCgroup(1, path, directory)
+        if hierarchy == "0" and controllers == "":
+            unified = path
+    if unified is None:
+        return None
+    directory = Path(cgroup_root, unified.lstrip("/"))
+    if not (directory / "memory.current").is_file():
+        return None
+    return MemoryCgroup(2, unified, directory)
+
+
+def _read_int(path: Path) -> int | None:
+    """An integer file; None when absent, unreadable or not a number ("max": unlimited)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    """A `key value` per line file (memory.stat, memory.events, memory.oom_control)."""
+    values: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            values[parts[0]] = int(parts[1])
+    return values
+
+
+def read_cgroup_memory(cgroup: MemoryCgroup) -> CgroupReading:
+    """Usage, peak, limit, anonymous / file split and OOM kills of a memory cgroup."""
+    directory = cgroup.directory
+    if cgroup.version == 1:
+        stat = _read_keyed(directory / "memory.stat")
+        limit = _read_int(directory / "memory.limit_in_bytes")
+        return CgroupReading(
+            usage_bytes=_read_int(directory / "memory.usage_in_bytes") or 0,
+            peak_bytes=_read_int(directory / "memory.max_usage_in_bytes"),
+            limit_bytes=None if limit is None or limit >= _V1_UNLIMITED_BYTES else limit,
+            anonymous_bytes=stat.get("total_rss", stat.get("rss")),
+            file_bytes=stat.get("total_cache", stat.get("cache")),
+            oom_kills=_read_keyed(directory / "memory.oom_control").get("oom_kill"))
+    stat = _read_keyed(directory / "memory.stat")
+    return CgroupReading(
+        usage_bytes=_read_int(directory / "memory.current") or 0,
+        peak_bytes=_read_int(directory / "memory.peak"),
+        limit_bytes=_read_int(directory / "memory.max"),  # "max" reads as None
+        anonymous_bytes=stat.get("anon"),
+        file_bytes=stat.get("file"),
+        oom_kills=_read_keyed(directory / "memory.events").get("oom_kill"))
+
+
+def cgroup_members(cgroup: MemoryCgroup) -> list[int]:
+    """Process ids directly in the cgroup (cgroup.procs); [] when unreadable."""
+    try:
+        return [int(pid) for pid in (cgroup.directory / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class CgroupRunMemory:
+    """A memory cgroup's figures over one run, in bytes (absolute, the whole cgroup's)."""
+
+    version: int
+    path: str
+    usage_at_begin_bytes: int
+    usage_after_bytes: int
+    # Since the run began when peak_since_begin, else since the cgroup was created.
+    peak_usage_bytes: int | None
+    peak_since_begin: bool
+    limit_bytes: int | None  # None: unlimited
+    anonymous_after_bytes: int | None
+    file_after_bytes: int | None
+    oom_kills: int | None  # OOM kills in the cgroup during the run
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CgroupMeter:
+    """A memory cgroup over one run: its usage when the run began, the peak since, OOM kills.
+
+    The peak is reset at `begin()` only where that disturbs no other reader: v1
+    resets memory.max_usage_in_bytes for everyone, so only when this process is
+    the cgroup's only member (and may write the file); v2 (Linux 6.12+) resets
+    memory.peak for one open file descriptor, which the meter keeps until
+    `finish()`. Otherwise the peak is the cgroup's since its creation
+    (`peak_since_begin` False).
+    """
+
+    def __init__(self, cgroup: MemoryCgroup, pid: int | None = None) -> None:
+        self.cgroup = cgroup
+        self.pid = os.getpid() if pid is None else pid
+        self._begin: CgroupReading | None = None
+        self._peak_fd: int | None = None
+        self._peak_reset = False
+
+    def begin(self) -> None:
+        self.close()
+        self._peak_reset = self._reset_peak()
+        self._begin = read_cgroup_memory(self.cgroup)
+
+    def finish(self) -> CgroupRunMemory:
+        """The run's figures; closes what `begin()` kept open."""
+        end = read_cgroup_memory(self.cgroup)
+        begin = self._begin or end
+        peak = end.peak_bytes
+        if self._peak_fd is not None:
+            peak = _pread_int(self._peak_fd)
+        self.close()
+        oom_kills = (None if end.oom_kills is None or begin.oom_kills is None
+                     else end.oom_kills - begin.oom_kills)
+        return CgroupRunMemory(
+            version=self.cgroup.version, path=self.cgroup.path,
+            usage_at_begin_bytes=begin.usage_bytes, usage_after_bytes=end.usage_bytes,
+            peak_usage_bytes=peak, peak_since_begin=self._peak_reset and peak is not None,
+            limit_bytes=end.limit_bytes, anonymous_after_bytes=end.anonymous_bytes,
+            file_after_bytes=end.file_bytes, oom_kills=oom_kills)
+
+    def close(self) -> None:
+        if self._peak_fd is not None:
+            os.close(self._peak_fd)
+            self._peak_fd = None
+
+    def _reset_peak(self) -> bool:
+        if self.cgroup.version == 1:
+            if cgroup_members(self.cgroup) != [self.pid]:
+                return False  # the peak is shared with other processes: leave it
+            try:
+                (self.cgroup.directory / "memory.max_usage_in_bytes").write_text("0")
+                return True
+            except OSError:
+                return False
+        try:
+            fd = os.open(self.cgroup.directory / "memory.peak", os.O_RDWR)
+        except OSError:  # before Linux 6.12 memory.peak is read-only
+            return False
+        # Only a kernel file (size 0) resets per descriptor; never write into a
+        # regular file that merely has the name.
+        if os.fstat(fd).st_size != 0 or not _write_reset(fd) or _pread_int(fd) is None:
+            os.close(fd)
+            return False
+        self._peak_fd = fd
+        return True
+
+
+def _write_reset(fd: int) -> bool:
+    try:
+        os.write(fd, b"reset\n")
+        return True
+    except OSError:
+        return False
+
+
+def _pread_int(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 64, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None

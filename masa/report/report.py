@@ -29,6 +29,11 @@ if TYPE_CHECKING:  # only the type: importing the runner would load ONNX Runtime
 
 REPORT_FORMAT = 1
 NETWORK_STATUSES = ("done", "failed", "skipped", "aborted")
+# What a real run measured, next to the ledger's peak_reserved_bytes in the summary
+# (null in a simulation); peak_measured_bytes comes first.
+MEASURED_KEYS = ("peak_measured_source", "peak_anonymous_bytes", "peak_file_backed_bytes",
+                 "baseline_rss_bytes", "baseline_anonymous_bytes", "baseline_file_backed_bytes",
+                 "cgroup")
 
 
 def _stats_us(values: Sequence[int]) -> dict[str, float | None]:
@@ -154,6 +159,21 @@ def _per_network(jobs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
     return per_network
 
 
+def _measured_summary(samples: Sequence[tuple[int, int]],
+                      measured: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The summary's measured-memory keys: the executor's figures where given, else the
+    peak of the samples (bytes above the run's baseline)."""
+    figures = dict(measured or {})
+    sampled_peak = max((b for _, b in samples), default=None)
+    peak = figures.get("peak_measured_bytes")
+    if peak is None:
+        peak = sampled_peak
+        figures.setdefault("peak_measured_source", None if peak is None else "samples")
+    elif sampled_peak is not None:
+        peak = max(peak, sampled_peak)
+    return {"peak_measured_bytes": peak, **{key: figures.get(key) for key in MEASURED_KEYS}}
+
+
 def build_report(
     graph: TaskGraph,
     schedule: Sequence[ScheduledTask],
@@ -168,6 +188,7 @@ def build_report(
     reserved_timeline: Sequence[tuple[int, int]] | None = None,
     over_commits: Iterable[OverCommit] = (),
     meta: Mapping[str, Any] | None = None,
+    measured: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report dict of one run (see docs/report-format.md).
 
@@ -175,7 +196,11 @@ def build_report(
     network_status: group -> done/failed/skipped/aborted, overriding the status
       derived from the schedule (context-aware execution knows skipped vs aborted);
       other values (the core's "cancelled") are ignored.
-    measured_memory: (time_us, bytes) samples of measured memory (RSS, cgroup).
+    measured_memory: (time_us, bytes) samples of measured memory above the run's
+      baseline (RSS).
+    measured: a real run's measured figures under the summary's names
+      (RealRunResult.measured_memory(): the exact peak, the anonymous / file-backed
+      peaks, the baseline, the cgroup's figures); absent keys are null.
     reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
       from the schedule with masa.sched.checker.memory_profile.
     """
@@ -211,7 +236,7 @@ def build_report(
             "first_arrival_us": first_arrival_us,
             "last_end_us": last_end_us,
             "peak_reserved_bytes": peak_reserved_bytes,
-            "peak_measured_bytes": max((b for _, b in measured_memory), default=None),
+            **_measured_summary(measured_memory, measured),
             "over_budget": peak_reserved_bytes > memory_budget_bytes,
             "over_commits": len(over_commit_list),
             # Over the budget while other tasks ran, by a memory-aware policy: a bug.
@@ -322,30 +347,62 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"{'all jobs':<16} {overall['jobs']:>5} {overall['jobs'] - overall['jobs_failed']:>5} "
         f"{overall['jobs_failed']:>5} {'':>5} {'':>5} {_ms(stats['mean']):>9} "
         f"{_ms(stats['p50']):>9} {_ms(stats['p95']):>9}")
-    measured = overall["peak_measured_bytes"]
     lines.append(
         f"policy {report['policy'] or '-'}, {report['workers']} workers: "
         f"makespan {overall['makespan_us'] / 1e6:.3f} s, "
         f"peak reserved {format_bytes(overall['peak_reserved_bytes'])} "
         f"(budget {format_bytes(report['memory_budget_bytes'])}"
         f"{', OVER BUDGET' if overall['over_budget'] else ''}), "
-        f"peak measured {'-' if measured is None else format_bytes(measured)}, "
+        f"peak measured {format_measured(overall)}, "
         f"utilisation {100 * overall['worker_utilisation']:.0f}%, "
         f"over-commits {overall['over_commits']}")
+    cgroup = overall.get("cgroup")
+    if cgroup:
+        lines.append(format_cgroup(cgroup))
     return "\n".join(lines)
+
+
+def _size(memory_bytes: float | None) -> str:
+    return "-" if memory_bytes is None else format_bytes(memory_bytes)
+
+
+def format_measured(summary: Mapping[str, Any]) -> str:
+    """'41.2 MiB (anon 30.1 MiB, file 11.1 MiB)', '-' when nothing was measured."""
+    peak = summary.get("peak_measured_bytes")
+    anonymous = summary.get("peak_anonymous_bytes")
+    if anonymous is None:
+        return _size(peak)
+    return (f"{_size(peak)} (anon {_size(anonymous)}, "
+            f"file {_size(summary.get('peak_file_backed_bytes'))})")
+
+
+def format_cgroup(cgroup: Mapping[str, Any]) -> str:
+    """One line of a summary's `cgroup` figures."""
+    since = "since the run began" if cgroup["peak_since_begin"] else "since the cgroup began"
+    limit = cgroup["limit_bytes"]
+    return (f"memory cgroup v{cgroup['version']} {cgroup['path']}: "
+            f"usage {_size(cgroup['usage_at_begin_bytes'])} at the start, "
+            f"peak {_size(cgroup['peak_usage_bytes'])} ({since}), "
+            f"limit {'none' if limit is None else _size(limit)}, "
+            f"OOM kills {'-' if cgroup['oom_kills'] is None else cgroup['oom_kills']}")
 
 
 def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None) -> dict:
     """The report dict (masa.report.report) of a run."""
     settings = outcome.settings
-    measured = [(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None]
+    samples = [(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None]
+    # A real run's figures (RealRunResult.measured_memory()), where the runner carries
+    # them; else at least its exact peak.
+    measured = getattr(outcome, "measured_memory", None)
+    if measured is None and outcome.peak_measured_bytes is not None:
+        measured = {"peak_measured_bytes": outcome.peak_measured_bytes}
     return build_report(
         outcome.graph, outcome.schedule,
         workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
         policy=settings.policy,
         job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
         network_status=outcome.network_status, network_reason=outcome.network_reason,
-        measured_memory=measured,
+        measured_memory=samples, measured=measured,
         over_commits=outcome.over_commits,
         meta={"context": outcome.context, "simulated": outcome.simulated,
               "memory_source": settings.memory_source, "errors": outcome.errors,

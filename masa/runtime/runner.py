@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,6 +98,8 @@ class RunOutcome:
     error_details: dict[str, str] = field(default_factory=dict)  # group -> traceback
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     process_memory_after: dict[str, int] = field(default_factory=dict)  # real runs: by kind
+    # Real runs: peak measured, anonymous / file-backed, cgroup (RealRunResult.measured_memory)
+    measured_memory: dict[str, Any] | None = None
 
 
 def load_manifests(store_dir: str | Path, names: Sequence[str]) -> dict[str, NetworkManifest]:
@@ -243,6 +246,7 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         dispatch_order=result.dispatch_order, errors=result.errors,
         error_details=result.error_details,
         outputs=result.outputs, process_memory_after=result.process_memory_after,
+        measured_memory=result.measured_memory(),
     )
 
 

@@ -7,7 +7,7 @@ only carries dispatches out and reports completions:
 - `start` hands a task to its worker's queue; `wait` blocks on the completion
   queue until a task ends, a job is submitted or the next arrival is due (no
   polling);
-- a LOAD creates the stage's session (model_prep.session.create_session) and
+- a LOAD creates the stage's session (model_prep.session.load_stage) and
   keeps it under (group, stage); an EXEC runs the stage on tensors of the
   job's tensor store, with its own RunOptions so that CA-preempt can stop it;
 - a network instance's input tensors are made when its first EXEC is
@@ -18,9 +18,16 @@ only carries dispatches out and reports completions:
   session is kept elsewhere, and `release_memory` (malloc_trim) runs after
   unloads.
 
+Every run also measures the process's memory (`_ResidentMeter`): the baseline
+at `begin()` (after ONNX Runtime's warm-up and `release_memory`), the
+anonymous / file-backed split of the resident memory at every decision (one
+read of /proc/self/statm), the kernel's exact peak (VmHWM, reset at `begin()`)
+and, inside a memory cgroup, the cgroup's usage, peak and OOM kills over the run.
+
 With ``memory_source="measured"``, before every decision the free memory the
-core sees is reduced by whatever the process holds above its baseline RSS
-beyond what is reserved (measured memory reconciles the model).
+core sees is reduced by whatever the process holds above its baseline
+(anonymous + file-backed) beyond what is reserved (measured memory reconciles
+the model); that reading is the decision's sample.
 """
 
 from __future__ import annotations
@@ -32,12 +39,22 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from masa.common.errors import one_line
-from masa.common.procmem import process_memory_bytes, rss_bytes
+from masa.common.procmem import (
+    CgroupMeter,
+    CgroupRunMemory,
+    ResidentSplit,
+    find_memory_cgroup,
+    peak_rss_bytes,
+    process_memory_bytes,
+    reset_peak,
+    resident_split,
+)
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
 from masa.runtime.registry import make_policy
 from masa.sched.context import ContextController, parse_group
@@ -50,7 +67,7 @@ from masa.sched.core import (
 )
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
-from model_prep.session import create_session, release_memory
+from model_prep.session import load_stage, release_memory, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +99,105 @@ class RealRunResult:
     peak_reserved_bytes: int
     final_reserved_bytes: int
     memory_timeline: list[tuple[int, int, int | None]]  # (time_us, reserved, rss or None)
-    baseline_rss_bytes: int
-    peak_rss_bytes: int
+    baseline_rss_bytes: int  # at begin(), after release_memory()
+    peak_rss_bytes: int  # VmHWM when it could be reset at begin(), else the samples' peak
     live_sessions_after: int
     live_tensors_after: int
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # group -> first error
     error_details: dict[str, str] = field(default_factory=dict)  # group -> its traceback
     process_memory_after: dict[str, int] = field(default_factory=dict)  # procmem, by kind
+    # Measured memory above the baseline (bytes): the whole process's peak, from VmHWM
+    # ("vmhwm") or, where the kernel cannot reset it, from the decision samples.
+    peak_measured_bytes: int = 0
+    peak_measured_source: str = "samples"
+    baseline_anonymous_bytes: int = 0
+    baseline_file_backed_bytes: int = 0
+    peak_anonymous_bytes: int = 0  # sampled at decisions, above the baseline's anonymous
+    peak_file_backed_bytes: int = 0  # sampled at decisions, above the baseline's file-backed
+    # (time_us, anonymous_bytes, file_backed_bytes) at every sample, absolute
+    resident_timeline: list[tuple[int, int, int]] = field(default_factory=list)
+    cgroup_memory: CgroupRunMemory | None = None  # None outside a memory cgroup
+
+    def measured_memory(self) -> dict[str, Any]:
+        """The measured figures under the report summary's names (masa.report.report)."""
+        return {
+            "peak_measured_bytes": self.peak_measured_bytes,
+            "peak_measured_source": self.peak_measured_source,
+            "peak_anonymous_bytes": self.peak_anonymous_bytes,
+            "peak_file_backed_bytes": self.peak_file_backed_bytes,
+            "baseline_rss_bytes": self.baseline_rss_bytes,
+            "baseline_anonymous_bytes": self.baseline_anonymous_bytes,
+            "baseline_file_backed_bytes": self.baseline_file_backed_bytes,
+            "cgroup": None if self.cgroup_memory is None else self.cgroup_memory.as_dict(),
+        }
+
+
+class _ResidentMeter:
+    """The process's resident memory over one run: the baseline split, the split's peaks
+    and timeline at the decisions' samples, the kernel's exact peak, the cgroup's figures."""
+
+    def __init__(self) -> None:
+        self.baseline = ResidentSplit(0, 0)
+        self.peak_anonymous_bytes = 0  # absolute, like the two below
+        self.peak_file_backed_bytes = 0
+        self.peak_sampled_rss_bytes = 0
+        self.peak_kernel_rss_bytes: int | None = None  # VmHWM since begin(), when reset
+        self.vmhwm_reset = False
+        self.timeline: list[tuple[int, int, int]] = []
+        self.cgroup: CgroupMeter | None = None
+        self.cgroup_memory: CgroupRunMemory | None = None
+
+    def begin(self) -> None:
+        """Reset the kernel's peaks and take the baseline (after release_memory)."""
+        self.vmhwm_reset = reset_peak()
+        cgroup = find_memory_cgroup()
+        self.cgroup = None if cgroup is None else CgroupMeter(cgroup)
+        if self.cgroup is not None:
+            self.cgroup.begin()
+        self.baseline = resident_split()
+        self.peak_anonymous_bytes, self.peak_file_backed_bytes = self.baseline
+        self.peak_sampled_rss_bytes = self.baseline.resident_bytes
+        self.peak_kernel_rss_bytes = None
+        self.timeline = []
+
+    def sample(self, now_us: int) -> ResidentSplit:
+        split = resident_split()
+        self.peak_anonymous_bytes = max(self.peak_anonymous_bytes, split.anonymous_bytes)
+        self.peak_file_backed_bytes = max(self.peak_file_backed_bytes, split.file_backed_bytes)
+        self.peak_sampled_rss_bytes = max(self.peak_sampled_rss_bytes, split.resident_bytes)
+        self.timeline.append((now_us, split.anonymous_bytes, split.file_backed_bytes))
+        return split
+
+    def finish(self) -> None:
+        """Read the peaks the kernel kept since begin() (once the workers are done)."""
+        if self.vmhwm_reset:
+            self.peak_kernel_rss_bytes = peak_rss_bytes()
+        if self.cgroup is not None:
+            self.cgroup_memory = self.cgroup.finish()
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        return max(self.peak_sampled_rss_bytes, self.peak_kernel_rss_bytes or 0)
+
+    def result_fields(self) -> dict[str, Any]:
+        """RealRunResult's measured-memory fields."""
+        baseline = self.baseline
+        return {
+            "baseline_rss_bytes": baseline.resident_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_measured_bytes": max(0, self.peak_rss_bytes - baseline.resident_bytes),
+            "peak_measured_source": ("vmhwm" if self.peak_kernel_rss_bytes is not None
+                                     else "samples"),
+            "baseline_anonymous_bytes": baseline.anonymous_bytes,
+            "baseline_file_backed_bytes": baseline.file_backed_bytes,
+            "peak_anonymous_bytes": max(0, self.peak_anonymous_bytes
+                                        - baseline.anonymous_bytes),
+            "peak_file_backed_bytes": max(0, self.peak_file_backed_bytes
+                                          - baseline.file_backed_bytes),
+            "resident_timeline": self.timeline,
+            "cgroup_memory": self.cgroup_memory,
+        }
 
 
 class _Stages:
@@ -111,9 +219,8 @@ class _Stages:
         stage = self.stages[(task.network, task.stage_id)]
         key = (task.group, task.stage_id)
         if task.kind is TaskKind.LOAD:
-            session = create_session(
-                self.manifests[task.network].stage_path(stage), self.intra_op_threads
-            )
+            session = load_stage(self.manifests[task.network].stage_path(stage),
+                                 stage.prepack, stage.mapped_bytes, self.intra_op_threads)
             with self.lock:
                 self.sessions[key] = session
             return
@@ -171,16 +278,26 @@ class ThreadBackend:
         self.outputs: dict[str, dict[str, np.ndarray]] = {}  # group -> final outputs
         self.inputs_ready: set[str] = set()
         self.start_s = clock()
-        self.baseline_rss_bytes = 0
-        self.peak_rss_bytes = 0
+        self.meter = _ResidentMeter()
+        self.decision_sample: ResidentSplit | None = None  # taken by before_select
         self.pending_unload = False
 
     # ------------------------------------------------------------ lifecycle
 
+    @property
+    def baseline_rss_bytes(self) -> int:
+        return self.meter.baseline.resident_bytes
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        return self.meter.peak_rss_bytes
+
     def begin(self) -> None:
+        # ONNX Runtime's one-time setup (libraries paged in, thread pools) is paid
+        # before the baseline, so it is not counted as the run's memory.
+        warm_up(self.config.intra_op_threads)
         release_memory()
-        self.baseline_rss_bytes = rss_bytes()
-        self.peak_rss_bytes = self.baseline_rss_bytes
+        self.meter.begin()
         for index in range(self.config.workers):
             thread = threading.Thread(target=self._worker, args=(index,), daemon=True,
                                       name=f"masa-worker-{index}")
@@ -240,16 +357,22 @@ class ThreadBackend:
 
     def before_select(self, state: SchedulerState) -> None:
         if self.config.memory_source == "measured":
-            # Shrink the budget the core sees by memory held outside its model.
-            measured_bytes = max(0, rss_bytes() - self.baseline_rss_bytes)
+            # Shrink the budget the core sees by memory held outside its model. This
+            # reading is also the decision's sample (measured_bytes), one statm read.
+            split = self.decision_sample = self.meter.sample(self.now_us())
+            baseline = self.meter.baseline
+            measured_bytes = max(0, (split.anonymous_bytes - baseline.anonymous_bytes)
+                                 + (split.file_backed_bytes - baseline.file_backed_bytes))
             unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
             state.ledger.budget_bytes = max(
                 0, self.config.memory_budget_bytes - unmodelled_bytes)
 
     def measured_bytes(self) -> int | None:
-        rss = rss_bytes()
-        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-        return rss
+        split = self.decision_sample
+        self.decision_sample = None
+        if split is None:
+            split = self.meter.sample(self.now_us())
+        return split.resident_bytes
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
         self.stages.run_options.pop(task.task_id, None)
@@ -373,6 +496,7 @@ class RealExecutor:
             self.driver.run()
         finally:
             backend.close()
+            backend.meter.finish()
         stuck = unfinished_task_ids(self.state)
         if stuck:
             raise RuntimeError(f"scheduler stalled with {len(stuck)} tasks pending "
@@ -401,12 +525,11 @@ class RealExecutor:
             peak_reserved_bytes=self.state.ledger.peak_reserved_bytes,
             final_reserved_bytes=self.state.ledger.reserved_bytes,
             memory_timeline=self.recorder.memory_timeline,
-            baseline_rss_bytes=backend.baseline_rss_bytes,
-            peak_rss_bytes=backend.peak_rss_bytes,
             live_sessions_after=len(backend.stages.sessions),
             live_tensors_after=len(backend.stages.tensors),
             dispatch_order=self.recorder.dispatch_order,
             errors=self.driver.errors,
             error_details=self.driver.error_details,
             process_memory_after=process_memory_bytes(),
+            **backend.meter.result_fields(),
         )

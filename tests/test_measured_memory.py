@@ -1,0 +1,387 @@
+"""Measured memory: the statm split, the memory-cgroup readers (fake v1 and v2 trees),
+and real runs whose results and reports carry the measured figures next to the ledger's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from masa.common.procmem import (
+    CgroupMeter,
+    MemoryCgroup,
+    ResidentSplit,
+    find_memory_cgroup,
+    read_cgroup_memory,
+    reset_peak,
+    resident_split,
+    rss_bytes,
+)
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+MIB = 2**20
+V1_UNLIMITED = "9223372036854771712\n"
+
+
+# ---------------------------------------------------------------- statm split
+
+
+def test_statm_split_sums_to_the_resident_set(tmp_path: Path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "statm").write_text("9000 700 250 10 0 4000 0\n")
+    split = resident_split(proc_root=tmp_path)
+    assert split == ResidentSplit(450 * PAGE_BYTES, 250 * PAGE_BYTES)
+    assert split.resident_bytes == 700 * PAGE_BYTES
+
+
+def test_statm_split_of_this_process_matches_its_rss() -> None:
+    split = resident_split()
+    rss = rss_bytes()
+    assert split.anonymous_bytes > 0 and split.file_backed_bytes > 0
+    assert abs(split.resident_bytes - rss) <= MIB  # two reads, a few allocations apart
+
+
+# ---------------------------------------------------------------- fake cgroup trees
+
+
+def _write(directory: Path, files: dict[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
+def _proc(tmp_path: Path, cgroup_lines: str) -> Path:
+    proc = tmp_path / "proc"
+    _write(proc / "self", {"cgroup": cgroup_lines})
+    return proc
+
+
+def _v1_tree(tmp_path: Path, members: str = "4242\n") -> tuple[Path, Path, Path]:
+    proc = _proc(tmp_path, "12:memory:/masa.slice/run\n11:cpu,cpuacct:/\n0::/\n")
+    sys_root = tmp_path / "cgroup"
+    directory = sys_root / "memory" / "masa.slice" / "run"
+    _write(directory, {
+        "memory.usage_in_bytes": "1000\n", "memory.max_usage_in_bytes": "5000\n",
+        "memory.limit_in_bytes": V1_UNLIMITED,
+        "memory.stat": "cache 300\nrss 600\nmapped_file 8\ntotal_cache 400\ntotal_rss 700\n",
+        "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        "cgroup.procs": members,
+    })
+    return proc, sys_root, directory
+
+
+def _v2_tree(tmp_path: Path, path: str = "user.slice/masa") -> tuple[Path, Path, Path]:
+    proc = _proc(tmp_path, f"0::/{path}\n")
+    sys_root = tmp_path / "cgroup"
+    directory = sys_root / path
+    _write(directory, {
+        "memory.current": "2048\n", "memory.peak": "8192\n", "memory.max": "max\n",
+        "memory.stat": "anon 1024\nfile 512\nkernel 64\n",
+        "memory.events": "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n",
+        "cgroup.procs": "4242\n",
+    })
+    return proc, sys_root, directory
+
+
+def test_v1_cgroup_is_found_and_read(tmp_path: Path) -> None:
+    proc, sys_root, directory = _v1_tree(tmp_path)
+    cgroup = find_memory_cgroup(proc, sys_root)
+    assert cgroup == MemoryCgroup(1, "/masa.slice/run", directory)
+    reading = read_cgroup_memory(cgroup)
+    assert (reading.usage_bytes, reading.peak_bytes, reading.limit_bytes) == (1000, 5000, None)
+    assert (reading.anonymous_bytes, reading.file_bytes, reading.oom_kills) == (700, 400, 2)
+    (directory / "memory.limit_in_bytes").write_text("536870912\n")
+    assert read_cgroup_memory(cgroup).limit_bytes == 512 * MIB
+
+
+def test_v1_meter_resets_the_peak_only_as_the_cgroups_only_member(tmp_path: Path) -> None:
+    proc, sys_root, directory = _v1_tree(tmp_path)
+    cgroup = find_memory_cgroup(proc, sys_root)
+    assert cgroup is not None
+    meter = CgroupMeter(cgroup, pid=4242)
+    meter.begin()
+    assert (directory / "memory.max_usage_in_bytes").read_text() == "0"
+    # The kernel's figures move during the run.
+    _write(directory, {"memory.usage_in_bytes": "3000\n", "memory.max_usage_in_bytes": "4000\n",
+                       "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"})
+    run = meter.finish()
+    assert (run.usage_at_begin_bytes, run.usage_after_bytes) == (1000, 3000)
+    assert (run.peak_usage_bytes, run.peak_since_begin, run.oom_kills) == (4000, True, 1)
+    assert run.as_dict()["path"] == "/masa.slice/run"
+
+    shared = CgroupMeter(cgroup, pid=1)  # another process is in the cgroup: leave its peak
+    shared.begin()
+    assert (directory / "memory.max_usage_in_bytes").read_text() == "4000\n"
+    run = shared.finish()
+    assert (run.peak_usage_bytes, run.peak_since_begin, run.oom_kills) == (4000, False, 0)
+
+
+def test_v2_cgroup_is_found_and_read(tmp_path: Path) -> None:
+    proc, sys_root, directory = _v2_tree(tmp_path)
+    cgroup = find_memory_cgroup(proc, sys_root)
+    assert cgroup == MemoryCgroup(2, "/user.slice/masa", directory)
+    reading = read_cgroup_memory(cgroup)
+    assert (reading.usage_bytes, reading.peak_bytes, reading.limit_bytes) == (2048, 8192, None)
+    assert (reading.anonymous_bytes, reading.file_bytes, reading.oom_kills) == (1024, 512, 1)
+    (directory / "memory.max").write_text("1048576\n")
+    assert read_cgroup_memory(cgroup).limit_bytes == MIB
+
+
+def test_v2_meter_never_writes_into_a_regular_file(tmp_path: Path) -> None:
+    proc, sys_root, directory = _v2_tree(tmp_path)
+    cgroup = find_memory_cgroup(proc, sys_root)
+    assert cgroup is not None
+    meter = CgroupMeter(cgroup, pid=4242)
+    meter.begin()
+    assert (directory / "memory.peak").read_text() == "8192\n"
+    _write(directory, {"memory.current": "4096\n", "memory.peak": "9000\n"})
+    run = meter.finish()
+    assert (run.version, run.usage_at_begin_bytes, run.usage_after_bytes) == (2, 2048, 4096)
+    assert (run.peak_usage_bytes, run.peak_since_begin, run.oom_kills) == (9000, False, 0)
+
+
+@pytest.mark.parametrize("lines", [
+    "4:memory:/\n0::/\n",  # v1 root: the machine's figures
+    "0::/\n",  # v2 root: no memory.current there
+    "4:cpu:/a\n",  # no memory controller, no unified hierarchy
+    "4:memory:/gone\n",  # not visible under the cgroup root
+    "0::/gone\n",
+    "garbage\n",
+])
+def test_root_cgroup_or_none_gives_none(tmp_path: Path, lines: str) -> None:
+    proc = _proc(tmp_path, lines)
+    _write(tmp_path / "cgroup" / "memory", {"memory.usage_in_bytes": "1\n"})
+    assert find_memory_cgroup(proc, tmp_path / "cgroup") is None
+
+
+def test_no_proc_file_gives_none(tmp_path: Path) -> None:
+    assert find_memory_cgroup(tmp_path / "proc", tmp_path / "cgroup") is None
+
+
+def test_v2_namespace_root_with_memory_files_counts(tmp_path: Path) -> None:
+    """In a container with its own cgroup namespace, its cgroup reads as / and has files."""
+    proc = _proc(tmp_path, "0::/\n")
+    _write(tmp_path / "cgroup", {"memory.current": "77\n"})
+    cgroup = find_memory_cgroup(proc, tmp_path / "cgroup")
+    assert cgroup is not None and cgroup.version == 2
+    assert read_cgroup_memory(cgroup).usage_bytes == 77
+
+
+# ---------------------------------------------------------------- real runs
+
+NETWORKS = ("agenet", "googlenet")
+
+
+def _manifests(store: Path) -> dict:
+    from model_prep.manifest import load_store_network
+
+    return {name: load_store_network(store, name) for name in NETWORKS}
+
+
+def _real_run(store: Path, memory_source: str = "model"):
+    from masa.runtime.threads import RealExecutor, RealRunConfig
+    from masa.sched.jobs import JobSpec, build_workload_graph
+    from model_prep.feeds import random_feeds
+
+    manifests = _manifests(store)
+    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
+             for name, m in manifests.items()}
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB,
+                                          memory_source=memory_source))
+    return graph, executor.run()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_real_run_measures_its_peak_and_split(small_zoo_store: Path) -> None:
+    from masa.report.report import MEASURED_KEYS, build_report, format_table
+
+    graph, result = _real_run(small_zoo_store)
+    assert set(result.group_status.values()) == {"done"}
+    assert result.peak_measured_bytes > 0
+    assert result.peak_measured_bytes >= result.peak_anonymous_bytes
+    assert result.peak_measured_bytes == result.peak_rss_bytes - result.baseline_rss_bytes
+    assert (result.baseline_anonymous_bytes + result.baseline_file_backed_bytes
+            == result.baseline_rss_bytes)
+    assert result.peak_measured_source == ("vmhwm" if reset_peak() else "samples")
+    samples = [rss for _, _, rss in result.memory_timeline if rss is not None]
+    assert samples and max(samples) <= result.peak_rss_bytes
+    assert len(result.resident_timeline) >= len(samples)
+    assert (find_memory_cgroup() is None) == (result.cgroup_memory is None)
+
+    report = build_report(graph, result.schedule, workers=2, memory_budget_bytes=64 * MIB,
+                          measured=result.measured_memory())
+    summary = report["summary"]
+    keys = list(summary)
+    at = keys.index("peak_reserved_bytes")
+    assert keys[at + 1:at + 2 + len(MEASURED_KEYS)] == ["peak_measured_bytes", *MEASURED_KEYS]
+    assert summary["peak_measured_bytes"] == result.peak_measured_bytes
+    assert summary["peak_anonymous_bytes"] == result.peak_anonymous_bytes
+    assert summary["baseline_rss_bytes"] == result.baseline_rss_bytes
+    assert summary["cgroup"] == (None if result.cgroup_memory is None
+                                 else result.cgroup_memory.as_dict())
+    json.dumps(report)
+    assert "(anon " in format_table(report)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_measured_source_reads_statm_once_per_decision(small_zoo_store: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import masa.runtime.threads as threads
+
+    reads: list[ResidentSplit] = []
+
+    def counting_split() -> ResidentSplit:
+        reads.append(resident_split())
+        return reads[-1]
+
+    monkeypatch.setattr(threads, "resident_split", counting_split)
+    _, result = _real_run(small_zoo_store, memory_source="measured")
+    assert set(result.group_status.values()) == {"done"}
+    decisions = sum(1 for _, _, rss in result.memory_timeline if rss is not None)
+    # the baseline, one per decision (the reconciling reading is the sample), the final one
+    assert len(reads) == 1 + decisions + 1 == 1 + len(result.resident_timeline)
+
+
+def test_simulated_report_has_null_measured_figures() -> None:
+    from masa.report.report import MEASURED_KEYS, build_report
+    from masa.sched.taskgraph import TaskGraph
+
+    summary = build_report(TaskGraph((), (), ()), [], workers=1,
+                           memory_budget_bytes=1)["summary"]
+    assert summary["peak_measured_bytes"] is None
+    assert all(summary[key] is None for key in MEASURED_KEYS)
+
+
+def test_comparison_shows_reserved_and_measured_for_every_policy() -> None:
+    from masa.cli.run import compare_reports
+
+    def report(measured: dict | None) -> dict:
+        summary = {"response_us": {"mean": 1000.0, "p50": 1000.0, "p95": 1000.0},
+                   "makespan_us": 10**6, "peak_reserved_bytes": 3 * MIB,
+                   "worker_utilisation": 0.5, "jobs_failed": 0,
+                   "peak_measured_bytes": None, **(measured or {})}
+        return {"summary": summary}
+
+    table = compare_reports({
+        "masa": report({"peak_measured_bytes": 5 * MIB, "peak_anonymous_bytes": 4 * MIB,
+                        "peak_file_backed_bytes": MIB}),
+        "bulk": report(None),  # an older report without the split
+    })
+    header, _, masa_row, bulk_row = table.splitlines()[:4]
+    for column in ("peak reserved", "peak measured", "anon", "file"):
+        assert column in header
+    assert masa_row.split()[5:13] == ["3.0", "MiB", "5.0", "MiB", "4.0", "MiB", "1.0", "MiB"]
+    assert bulk_row.split()[5:10] == ["3.0", "MiB", "-", "-", "-"]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_cli_run_report_has_the_measured_figures(small_zoo_store: Path, tmp_path: Path) -> None:
+    from masa.cli.main import main
+    from masa.report.report import MEASURED_KEYS
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [agenet, googlenet]\n"
+                        "arrivals: {kind: periodic, interval_ms: 5, count: 2, seed: 1}\n")
+    report_path = tmp_path / "r.json"
+    assert main(["-q", "run", str(workload), "--store", str(small_zoo_store),
+                 "--memory", "64MiB", "--report", str(report_path)]) == 0
+    summary = json.loads(report_path.read_text())["summary"]
+    assert summary["peak_measured_bytes"] > 0
+    assert set(MEASURED_KEYS) <= set(summary)
+
+
+# ---------------------------------------------------------------- a real run in a cgroup
+
+_CHILD = """
+import json, os, sys
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as procs:
+    procs.write(str(os.getpid()))
+sys.path[:0] = [sys.argv[3], os.path.join(sys.argv[3], "tests")]
+from test_measured_memory import _real_run
+from pathlib import Path
+_, result = _real_run(Path(sys.argv[2]))
+print(json.dumps({"status": sorted(set(result.group_status.values())),
+                  "measured": result.measured_memory()}))
+"""
+
+
+@pytest.fixture
+def fresh_memory_cgroup() -> Iterator[Path]:
+    """A new, empty memory cgroup (v1, or v2 with the memory controller delegated)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a memory cgroup needs root")
+    name = f"masa-test-{uuid.uuid4().hex[:8]}"
+    v1 = Path("/sys/fs/cgroup/memory")
+    v2 = Path("/sys/fs/cgroup")
+    if (v1 / "memory.usage_in_bytes").is_file():
+        directory = v1 / name
+    elif "memory" in _read(v2 / "cgroup.subtree_control").split():
+        directory = v2 / name
+    else:
+        pytest.skip("no writable v1 memory hierarchy or v2 memory controller")
+    try:
+        directory.mkdir()
+    except OSError as error:
+        pytest.skip(f"cannot create a memory cgroup: {error}")
+    try:
+        yield directory
+    finally:
+        _remove_cgroup(directory)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _remove_cgroup(directory: Path) -> None:
+    """Move stragglers to the parent, then remove the (then empty) cgroup."""
+    for pid in _read(directory / "cgroup.procs").split():
+        try:
+            (directory.parent / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    directory.rmdir()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_real_run_in_its_own_memory_cgroup(fresh_memory_cgroup: Path,
+                                             small_zoo_store: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(fresh_memory_cgroup), str(small_zoo_store),
+         str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+    try:
+        out, err = child.communicate(timeout=600)  # a safety net, not a measurement
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["status"] == ["done"]
+    cgroup = found["measured"]["cgroup"]
+    assert cgroup is not None
+    assert cgroup["path"] == "/" + fresh_memory_cgroup.name
+    assert cgroup["usage_at_begin_bytes"] > 0 and cgroup["usage_after_bytes"] > 0
+    assert cgroup["oom_kills"] in (0, None)
+    if cgroup["version"] == 1:  # the run's process is the cgroup's only member
+        assert cgroup["peak_since_begin"] is True
+        assert cgroup["peak_usage_bytes"] >= cgroup["usage_at_begin_bytes"]
