@@ -14,7 +14,7 @@ from collections.abc import Hashable
 
 from masa.common.graphs import topological_order
 from masa.sched.taskgraph import TaskGraph
-from solver.instance import Instance, ancestor_sets, spanning_locks
+from solver.instance import Instance, ancestor_sets, model_start_after, spanning_locks
 
 
 def heads_and_tails(graph: TaskGraph) -> tuple[dict[str, int], dict[str, int]]:
@@ -62,8 +62,10 @@ def identical_groups(graph: TaskGraph) -> list[list[list[str]]]:
 
     Two groups (network instances) are interchangeable when their tasks, taken
     in instance order, match position by position (kind, duration, memory,
-    release, job-free) with the same internal precedences and locks, and no
-    precedence or lock connects them to any other group. Swapping two such
+    release, job-free) with the same internal precedences, start_after pairs the
+    model keeps and locks, and none of those connects them to any other group
+    (a network's final outputs, kept until its job ends, link it to the job's
+    other networks). Swapping two such
     groups maps every schedule to another one with the same makespan.
     """
     members: dict[str, list[str]] = {}
@@ -79,7 +81,8 @@ def identical_groups(graph: TaskGraph) -> list[list[list[str]]]:
         tasks = tuple((graph.by_id[t].kind, graph.by_id[t].duration_us,
                        graph.by_id[t].memory_bytes, graph.by_id[t].release_us)
                       for t in task_ids)
-        edges = tuple(sorted((position[a], position[b]) for a, b in internal_edges[group]))
+        edges = tuple(sorted((position[a], position[b], kind)
+                             for a, b, kind in internal_edges[group]))
         locks = tuple(sorted((position[f], tuple(sorted(position[u] for u in until)), m)
                              for f, until, m in internal_locks[group]))
         signatures.setdefault((tasks, edges, locks), []).append(task_ids)
@@ -90,16 +93,18 @@ _GroupLocks = dict[str, list[tuple[str, tuple[str, ...], int]]]
 
 
 def _group_links(graph: TaskGraph, members: dict[str, list[str]]
-                 ) -> tuple[set[str], dict[str, list[tuple[str, str]]], _GroupLocks]:
+                 ) -> tuple[set[str], dict[str, list[tuple[str, str, str]]], _GroupLocks]:
     """Groups linked to another group, and each group's internal edges and locks."""
     group_of = {task.task_id: task.group for task in graph.tasks}
     crossing: set[str] = set()
-    internal_edges: dict[str, list[tuple[str, str]]] = {g: [] for g in members}
-    for before, after in graph.precedence:
+    internal_edges: dict[str, list[tuple[str, str, str]]] = {g: [] for g in members}
+    edges = [(before, after, "precedence") for before, after in graph.precedence]
+    edges += [(before, after, "start_after") for before, after in model_start_after(graph)]
+    for before, after, kind in edges:
         if group_of[before] != group_of[after]:
             crossing |= {group_of[before], group_of[after]}
         elif group_of[before]:
-            internal_edges[group_of[before]].append((before, after))
+            internal_edges[group_of[before]].append((before, after, kind))
     internal_locks: _GroupLocks = {g: [] for g in members}
     for lock in graph.locks:
         groups = {group_of[t] for t in (lock.from_task, *lock.until_tasks)}

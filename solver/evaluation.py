@@ -16,7 +16,7 @@ from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.taskgraph import ScheduledTask
-from solver.instance import Instance, check_feasible
+from solver.instance import Instance, check_feasible, without_load_order
 from solver.options import SolveOptions, SolveResult
 from solver.schedules import objective_value, response_sum, schedule_makespan, serial_schedule
 from solver.search import solve_instance
@@ -90,9 +90,9 @@ def evaluate(instance: Instance, options: SolveOptions, *, use_hint: bool = True
     within budget. heuristic_run: that policy's `run_heuristic` result, if the
     caller already has it (masa-plan plans for about a second)."""
     check_feasible(instance)
-    # The solver ignores start_after (a rule of the heuristic only): its hints
-    # and its schedule are checked against everything else.
-    unordered = replace(instance, graph=replace(instance.graph, start_after=()))
+    # The solver ignores the LOAD order rule (a rule of the heuristic only): its
+    # hints and its schedule are checked against everything else.
+    unordered = replace(instance, graph=without_load_order(instance.graph))
     heuristic, over_commits = (run_heuristic(instance, policy) if heuristic_run is None
                                else heuristic_run)
     # Checked allowing its recorded over-commits: anything else is a bug.

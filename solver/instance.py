@@ -293,6 +293,36 @@ def write_instance(instance: Instance, path: str | Path) -> None:
     atomic_write_text(path, json.dumps(instance_to_dict(instance), indent=1) + "\n")
 
 
+# ---------------------------------------------------------------- start_after
+
+def is_load_order(graph: TaskGraph, pair: tuple[str, str]) -> bool:
+    """Whether a start_after pair is the LOAD order rule (LOAD -> LOAD), which
+    restricts only the heuristic; the solver ignores it."""
+    return all(graph.by_id[task_id].kind is TaskKind.LOAD for task_id in pair)
+
+
+def model_start_after(graph: TaskGraph) -> tuple[tuple[str, str], ...]:
+    """The start_after pairs that are part of the model and that the solver keeps:
+    all but the LOAD order rule (e.g. the EXEC that opens a network instance's
+    inputs lock starts first among the EXECs reading a network input)."""
+    return tuple(pair for pair in graph.start_after if not is_load_order(graph, pair))
+
+
+def without_load_order(graph: TaskGraph) -> TaskGraph:
+    """The graph the solver schedules and its schedules are checked against:
+    the LOAD order rule dropped, every other start_after kept."""
+    kept = model_start_after(graph)
+    return graph if len(kept) == len(graph.start_after) else replace(graph, start_after=kept)
+
+
+def closing_tasks(lock: Lock, ancestors: dict[str, set[str]]) -> tuple[str, ...]:
+    """The until-tasks that decide when the lock ends, in any schedule: those that
+    are no ancestor of another until-task (an ancestor always ends first)."""
+    until = set(lock.until_tasks)
+    return tuple(u for u in dict.fromkeys(lock.until_tasks)
+                 if not any(u in ancestors[other] for other in until if other != u))
+
+
 # ---------------------------------------------------------------- time reversal
 
 def mirrored(instance: Instance) -> Instance | None:
@@ -302,24 +332,29 @@ def mirrored(instance: Instance) -> Instance | None:
     of the original with the same makespan, and the other way round:
     precedence turns around, and a lock held from start(from) to end(until)
     is held from the mirrored start of `until` to the mirrored end of `from`.
-    That needs every lock to have one until-task, its from-task or one
-    descending from it (true of every graph masa.sched.jobs and the random
-    generator build), and one common release (the mirror starts at 0; add it back).
-    The heuristic-only start_after rule is dropped, as the solver drops it.
+    That needs every lock to end with one until-task (`closing_tasks`), its
+    from-task or one descending from it (true of every graph the random
+    generator builds, and of masa.sched.jobs graphs of one-network jobs whose
+    networks have one final stage), no start_after the solver keeps (a
+    start-to-start rule turns into an end-to-end one), and one common release
+    (the mirror starts at 0; add it back). The heuristic-only LOAD order rule
+    is dropped, as the solver drops it.
     """
     graph = instance.graph
-    if len({task.release_us for task in graph.tasks}) > 1:
+    if len({task.release_us for task in graph.tasks}) > 1 or model_start_after(graph):
         return None
     ancestors = ancestor_sets(graph)
+    closing: list[str] = []
     for lock in graph.locks:
-        if len(lock.until_tasks) != 1 or lock.from_task not in (
-                ancestors[lock.until_tasks[0]] | {lock.until_tasks[0]}):
+        last = closing_tasks(lock, ancestors)
+        if len(last) != 1 or lock.from_task not in ancestors[last[0]] | {last[0]}:
             return None
+        closing.append(last[0])
     mirror = TaskGraph(
         tasks=tuple(replace(task, release_us=0) for task in graph.tasks),
         precedence=tuple((after, before) for before, after in graph.precedence),
-        locks=tuple(Lock(lock.lock_id, lock.until_tasks[0], (lock.from_task,),
-                         lock.memory_bytes) for lock in graph.locks))
+        locks=tuple(Lock(lock.lock_id, last, (lock.from_task,), lock.memory_bytes)
+                    for lock, last in zip(graph.locks, closing, strict=True)))
     return replace(instance, graph=mirror)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from masa.sched.taskgraph import ScheduledTask, TaskKind
 from solver.analysis import heads_and_tails
-from solver.instance import Instance, mirrored, spanning_locks
+from solver.instance import Instance, mirrored, model_start_after, spanning_locks
 from solver.schedules import schedule_makespan, with_workers
 
 _INF = math.inf
@@ -103,6 +103,10 @@ class _Builder:
         self.preds: dict[str, list[str]] = {t.task_id: [] for t in graph.tasks}
         for before, after in graph.precedence:
             self.preds[after].append(before)
+        # Start-to-start predecessors the model keeps (not the LOAD order rule).
+        self.start_preds: dict[str, list[str]] = {t.task_id: [] for t in graph.tasks}
+        for before, after in model_start_after(graph):
+            self.start_preds[after].append(before)
         self.opens: dict[str, list[int]] = {t.task_id: [] for t in graph.tasks}
         self.closes: dict[str, list[int]] = {t.task_id: [] for t in graph.tasks}
         for index, lock in enumerate(graph.locks):
@@ -162,7 +166,8 @@ class _Builder:
 
     def _earliest(self, task_id: str) -> int:
         return max([self.release[task_id]] + [
-            self.start[p] + self.duration[p] for p in self.preds[task_id]])
+            self.start[p] + self.duration[p] for p in self.preds[task_id]] + [
+            self.start[p] for p in self.start_preds[task_id]])
 
     def place(self, task_id: str) -> bool:
         for start in self.profile.candidates(self._earliest(task_id)):
@@ -175,7 +180,8 @@ class _Builder:
         """Place `load` and the task `run` that closes its lock, load just in time."""
         earliest_load = self._earliest(load)
         earliest_run = max([self.release[run], earliest_load + self.duration[load]] + [
-            self.start[p] + self.duration[p] for p in self.preds[run] if p != load])
+            self.start[p] + self.duration[p] for p in self.preds[run] if p != load] + [
+            self.start[p] for p in self.start_preds[run]])
         load_d = self.duration[load]
         # The exec starts at its earliest, at a breakpoint, or right after a
         # load that starts at a breakpoint.
@@ -208,7 +214,11 @@ class _Builder:
         succ: dict[str, list[str]] = {t.task_id: [] for t in graph.tasks}
         for before, after in graph.precedence:
             succ[before].append(after)
-        waiting = {t: len(p) for t, p in self.preds.items()}
+        # A task becomes eligible once its predecessors of both kinds are placed.
+        unlocks = {t: list(children) for t, children in succ.items()}
+        for before, after in model_start_after(graph):
+            unlocks[before].append(after)
+        waiting = {t: len(p) + len(self.start_preds[t]) for t, p in self.preds.items()}
         # A lock-opening task with one lock-closing successor goes with it.
         partner: dict[str, tuple[str, int]] = {}
         for task_id, indices in self.opens.items():
@@ -224,7 +234,8 @@ class _Builder:
 
         def ready_pair(task_id: str) -> bool:
             closer = partner[task_id][0]
-            return all(p == task_id or p in self.start for p in self.preds[closer])
+            return all(p == task_id or p in self.start
+                       for p in self.preds[closer] + self.start_preds[closer])
 
         while eligible:
             # Defer a load until its exec could follow it (otherwise its
@@ -241,7 +252,7 @@ class _Builder:
                 return None
             for done in placed:
                 eligible.discard(done)
-                for child in succ[done]:
+                for child in unlocks[done]:
                     waiting[child] -= 1
                     if waiting[child] == 0 and child not in self.start:
                         eligible.add(child)

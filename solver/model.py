@@ -12,6 +12,9 @@ formulations:
   the tasks' direct memory and the lock intervals
   [start(from), max(end(until...))). Concrete workers are assigned
   afterwards (solver.schedules.assign_workers).
+  Precedence is finish-to-start; start_after is start-to-start, except the
+  LOAD order rule (LOAD -> LOAD), a rule of the heuristic only, which the
+  model leaves out (solver.instance.model_start_after).
 - "paper": the paper's assignment variables X[t][w] with one optional interval
   per task and worker and a no-overlap per worker, same memory cumulative.
 
@@ -38,7 +41,7 @@ from solver.analysis import (
     static_lower_bound,
     swappable_groups,
 )
-from solver.instance import Instance, ancestor_sets
+from solver.instance import Instance, ancestor_sets, closing_tasks, model_start_after
 from solver.options import SolveOptions
 from solver.schedules import job_releases, schedule_makespan
 
@@ -187,10 +190,12 @@ def _new_lock_variables(model: cp_model.CpModel, data: _Data, variables: _Variab
         if lock.memory_bytes == 0:
             continue
         start_var = variables.start_vars[lock.from_task]
-        ends = [variables.start_vars[u] + data.duration[u] for u in lock.until_tasks]
+        # An until-task that precedes another one never ends the lock: left out.
+        until = closing_tasks(lock, data.ancestors)
+        ends = [variables.start_vars[u] + data.duration[u] for u in until]
         # Held at least until `from` itself ends (masa.sched.checker's rule too);
         # implied when every `until` task descends from `from` (the usual case).
-        if not all(lock.from_task in data.ancestors[u] for u in lock.until_tasks):
+        if not all(lock.from_task in data.ancestors[u] for u in until):
             ends.append(start_var + data.duration[lock.from_task])
         end: cp_model.LinearExprT
         if len(ends) == 1:
@@ -254,10 +259,13 @@ def _add_memory(model: cp_model.CpModel, data: _Data, variables: _Variables) -> 
 
 
 def _add_precedences(model: cp_model.CpModel, data: _Data, variables: _Variables) -> None:
-    """Finish to start; releases are in the start domains."""
+    """Finish to start; start to start for the start_after pairs of the model (not
+    the heuristic's LOAD order rule); releases are in the start domains."""
     start_vars = variables.start_vars
     for before, after in data.graph.precedence:
         model.add(start_vars[after] >= start_vars[before] + data.duration[before])
+    for before, after in model_start_after(data.graph):
+        model.add(start_vars[after] >= start_vars[before])
 
 
 def _add_makespan_bounds(model: cp_model.CpModel, data: _Data, variables: _Variables) -> None:

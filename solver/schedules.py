@@ -79,7 +79,8 @@ def objective_value(objective: str, graph: TaskGraph, schedule: Sequence[Schedul
 
 
 def serial_schedule(graph: TaskGraph) -> tuple[ScheduledTask, ...]:
-    """One task at a time on worker 0, in topological order, ties by (order, position).
+    """One task at a time on worker 0, in topological order (of precedence and,
+    where they allow one, start_after), ties by (order, position).
 
     A fallback hint when the heuristic's schedule is not within the budget.
     Running one task at a time holds no more than a parallel schedule that
@@ -89,7 +90,10 @@ def serial_schedule(graph: TaskGraph) -> tuple[ScheduledTask, ...]:
     position = {task.task_id: index for index, task in enumerate(graph.tasks)}
     # topological_order breaks ties by input position: list the tasks by tie key.
     by_key = sorted(position, key=lambda t: (graph.by_id[t].order, position[t]))
-    order = topological_order(by_key, graph.precedence)
+    # start_after pairs are kept too where they can be (one task at a time, a
+    # task listed first also starts first).
+    order = (topological_order(by_key, graph.precedence + graph.start_after)
+             or topological_order(by_key, graph.precedence))
     if order is None:
         raise ValueError("serial_schedule needs acyclic precedence")
     time_us = 0

@@ -26,7 +26,13 @@ from dataclasses import replace
 from masa.sched.checker import check_schedule
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
 from solver.analysis import static_lower_bound
-from solver.instance import Instance, mirror_schedule, mirrored
+from solver.instance import (
+    Instance,
+    mirror_schedule,
+    mirrored,
+    model_start_after,
+    without_load_order,
+)
 from solver.list_schedule import best_list_schedule
 from solver.model import ModelSolution, solve_model
 from solver.options import SolveOptions, SolveResult, validate_options
@@ -102,6 +108,8 @@ def _release_segments(graph: TaskGraph) -> list[list[str]]:
     for lock in graph.locks:
         for until in lock.until_tasks:
             union(lock.from_task, until)
+    for before, after in model_start_after(graph):
+        union(before, after)
     first_of_job: dict[int, str] = {}
     for task in graph.tasks:  # a job's response time must stay within one segment
         union(task.task_id, first_of_job.setdefault(task.job_id, task.task_id))
@@ -231,7 +239,7 @@ def _better_hint(instance: Instance, options: SolveOptions, hint: _Hint | None
     """The given hint or the best list schedule, whichever has the lower objective.
 
     A list schedule is used only if masa.sched.checker finds nothing wrong with it
-    (start_after is a rule of the heuristic only, so it is not checked): its
+    (the LOAD order rule is the heuristic's only, so it is not checked): its
     objective becomes an upper bound, so it must be truly feasible.
     """
     graph = instance.graph
@@ -245,7 +253,7 @@ def _better_hint(instance: Instance, options: SolveOptions, hint: _Hint | None
     schedule = found[1]
     if hint is not None and value(list(hint.values())) <= value(schedule):
         return hint
-    unordered = replace(graph, start_after=())
+    unordered = without_load_order(graph)
     if check_schedule(unordered, list(schedule), workers=instance.workers,
                       memory_budget_bytes=instance.memory, check_durations=True):
         return hint

@@ -75,9 +75,11 @@ def test_chain_job_has_two_tasks_and_two_locks_per_stage() -> None:
 
     stage_count = len(CHAIN) + len(DIAMOND)
     assert len(graph.tasks) == 2 * stage_count
-    assert len(graph.locks) == 2 * stage_count
+    # Two locks per stage plus one inputs lock per network instance.
+    assert len(graph.locks) == 2 * stage_count + 2
     producer_edges = sum(len(p) for p in CHAIN.values()) + sum(len(p) for p in DIAMOND.values())
     assert len(graph.precedence) == stage_count + producer_edges
+    # Only s0 reads the network input in either network: no inputs-opener edges.
     assert len(graph.start_after) == producer_edges
     assert validate_graph(graph) == []
     ids = [task.task_id for task in graph.tasks]
@@ -132,7 +134,8 @@ def test_locks_follow_resident_and_output_lifetimes() -> None:
     assert set(fan_out.until_tasks) == {"j1/beta/s1/exec", "j1/beta/s2/exec"}
     assert fan_out.memory_bytes == tensor_bytes(manifest.stages[0].outputs[0])
 
-    # The final stage's outputs go to the job result when its EXEC ends.
+    # The final stage's outputs are kept for the job's result until the job ends
+    # (here the job's only sink is this stage itself).
     final = locks["j1/beta/s3/outputs"]
     assert final.until_tasks == ("j1/beta/s3/exec",)
 

@@ -629,7 +629,10 @@ def forget_group(state: SchedulerState, group: str) -> bool:
             if lock_info.held and not lock_info.released:
                 return False
         for successor in task_info.successors + task_info.start_successors:
-            if successor not in members and tasks[successor].state not in TERMINAL:
+            # A successor no longer known was forgotten, so it had ended (a
+            # CA-preempt downstream aborted, and forgotten, before its upstream).
+            other = tasks.get(successor)
+            if successor not in members and other is not None and other.state not in TERMINAL:
                 return False
     for task_id in info.task_ids:
         for lock_id in tasks.pop(task_id).locks_from:

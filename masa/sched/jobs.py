@@ -5,21 +5,36 @@ networks' manifests into a `masa.sched.taskgraph.TaskGraph`, and the per-stage c
 figures (`stage_costs`) every consumer must agree on (policies, simulator,
 solver, traffic intensity). Pure: no clocks, threads, files or ONNX.
 
-For each network of a job and each stage s of that network:
+Everything the process holds for a job is in the ledger (docs/scheduling.md,
+"Tasks and memory"). For each network of a job and each stage s of that network:
 
 - LOAD(s): duration = profile.load_time_us; memory_bytes = the *transient*
   part of loading, max(0, load_peak_bytes - resident_bytes). It opens the lock
-  ``.../resident`` of resident_bytes (the session) held until EXEC(s) ends,
-  after which the stage is unloaded.
+  ``j{job}/{network}/{s}/resident`` of resident_bytes (the session, its own
+  overhead included) held until EXEC(s) ends, after which the stage is unloaded.
 - EXEC(s): duration = profile.exec_time_us; memory_bytes = exec_peak_bytes.
-  It opens the lock ``.../outputs`` of the stage's output tensor bytes, held
-  until every consuming EXEC of the same network has ended. A stage without
-  consumers produces the network's final outputs; they are handed to the job
-  result when EXEC(s) ends, so its lock ends with EXEC(s) itself.
+  It opens the lock ``j{job}/{network}/{s}/outputs`` of the stage's output
+  tensor bytes, held until every consuming EXEC of the same network has ended.
+  A stage without consumers (a *sink*) produces final outputs: they are kept
+  for the job's result (and downstream networks of the job derive their
+  inputs from them), so its lock is held until every sink EXEC of every
+  network of the job has ended, i.e. until the job's result is complete.
+- the network instance's input tensors: the lock ``j{job}/{network}/inputs`` of
+  the bytes of the manifest's inputs, opened by the EXEC of the first stage
+  (manifest order) that reads a network input and held until every EXEC of
+  the instance has ended (the executor makes the inputs when the instance's
+  first EXEC is dispatched and drops them when the instance ends). A network
+  whose stages read no network input has no such lock.
 - precedence LOAD(s) -> EXEC(s), EXEC(p) -> EXEC(s) for every producer p;
 - start_after LOAD(p) -> LOAD(s) for every producer p: the LOAD order rule. A
   stage is never loaded before its producers' loads have started, so memory is
-  not filled with later stages that cannot run while an earlier one waits.
+  not filled with later stages that cannot run while an earlier one waits;
+- start_after EXEC(opener) -> EXEC(r) for every other stage r that reads a
+  network input: the inputs lock's opener is the first of them to start.
+
+Not in the ledger: the process's runtime base (imports, ONNX Runtime), the
+first session's one-time cost, freed heap not yet returned to the OS, and
+results a batch run keeps after a job has ended.
 
 Unprofiled manifests get documented estimates (see `estimate_stage_costs`) and
 one logged warning per network.
@@ -73,7 +88,7 @@ class StageCost:
     load_transient_bytes: int  # direct memory of LOAD: peak minus what stays resident
     resident_bytes: int  # locked from LOAD start until EXEC end
     exec_bytes: int  # direct memory of EXEC
-    output_bytes: int  # locked from EXEC start until its consumers end
+    output_bytes: int  # locked from EXEC start until its consumers (a sink's: the job) end
     estimated: bool
 
 
@@ -197,7 +212,7 @@ def _build(
     parts = _GraphParts()
     index_of = {name: index for index, name in enumerate(network_order)}
     # Stage costs and consumer lists depend only on the network: plan each once.
-    plans: dict[str, tuple[_StagePlan, ...]] = {}
+    plans: dict[str, _NetworkPlan] = {}
     seen_job_ids: set[int] = set()
     for job in jobs:
         if job.job_id in seen_job_ids:
@@ -213,20 +228,30 @@ def _build(
                                 f"network order ({', '.join(network_order)})")
             if network not in plans:
                 plans[network] = _network_plan(manifests[network])
-            _add_network(parts, job, network, index_of[network], plans[network])
+        # Every network's final outputs are kept until the job's result is complete.
+        job_sinks = tuple(f"{group_id(job.job_id, network)}/{sink}/exec"
+                          for network in job.networks for sink in plans[network].sinks)
         for network in job.networks:
-            for upstream in upstreams.get(network, ()):
-                if upstream not in job.networks:
-                    continue  # not in this job: nothing to wait for
-                first_upstream_exec = f"{group_id(job.job_id, upstream)}/" \
-                    f"{plans[upstream][0].stage_id}/exec"
-                for stage in plans[network]:
-                    if not stage.producers:
-                        parts.start_after.append(
-                            (first_upstream_exec,
-                             f"{group_id(job.job_id, network)}/{stage.stage_id}/exec"))
+            _add_network(parts, job, network, index_of[network], plans[network], job_sinks)
+        _add_preempt_rule(parts, job, plans, upstreams)
     return TaskGraph(tasks=tuple(parts.tasks), precedence=tuple(parts.precedence),
                      locks=tuple(parts.locks), start_after=tuple(parts.start_after))
+
+
+def _add_preempt_rule(parts: _GraphParts, job: JobSpec, plans: Mapping[str, _NetworkPlan],
+                      upstreams: Mapping[str, Sequence[str]]) -> None:
+    """CA-preempt: a downstream's entry EXECs start after each upstream's first EXEC."""
+    for network in job.networks:
+        for upstream in upstreams.get(network, ()):
+            if upstream not in job.networks:
+                continue  # not in this job: nothing to wait for
+            first_upstream_exec = f"{group_id(job.job_id, upstream)}/" \
+                f"{plans[upstream].stages[0].stage_id}/exec"
+            for stage in plans[network].stages:
+                if not stage.producers:
+                    parts.start_after.append(
+                        (first_upstream_exec,
+                         f"{group_id(job.job_id, network)}/{stage.stage_id}/exec"))
 
 
 @dataclass(frozen=True)
@@ -238,6 +263,16 @@ class _StagePlan:
     consumers: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _NetworkPlan:
+    """What every instance of one network shares: its stages and its input tensors."""
+
+    stages: tuple[_StagePlan, ...]
+    input_bytes: int  # the network's input tensors, as the executor feeds them
+    input_readers: tuple[str, ...]  # stages reading a network input, in manifest order
+    sinks: tuple[str, ...]  # stages without consumers: they produce the final outputs
+
+
 @dataclass
 class _GraphParts:
     tasks: list[Task] = field(default_factory=list)
@@ -246,25 +281,33 @@ class _GraphParts:
     start_after: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _network_plan(manifest: NetworkManifest) -> tuple[_StagePlan, ...]:
+def _network_plan(manifest: NetworkManifest) -> _NetworkPlan:
     if not manifest.profiled:
         _warn_unprofiled(manifest.name)
     consumers: dict[str, list[str]] = {stage.stage_id: [] for stage in manifest.stages}
     for stage in manifest.stages:
         for producer in stage.producers:
             consumers[producer].append(stage.stage_id)
-    return tuple(
+    stages = tuple(
         _StagePlan(stage_id=stage.stage_id, layer_type=stage.layer_type,
                    cost=stage_costs(stage), producers=stage.producers,
                    consumers=tuple(consumers[stage.stage_id]))
         for stage in manifest.stages
     )
+    input_names = {tensor.name for tensor in manifest.inputs}
+    return _NetworkPlan(
+        stages=stages,
+        input_bytes=sum(tensor_bytes(tensor) for tensor in manifest.inputs),
+        input_readers=tuple(stage.stage_id for stage in manifest.stages
+                            if any(t.name in input_names for t in stage.inputs)),
+        sinks=tuple(stage.stage_id for stage in stages if not stage.consumers),
+    )
 
 
 def _add_network(parts: _GraphParts, job: JobSpec, network: str, network_index: int,
-                 plan: tuple[_StagePlan, ...]) -> None:
+                 plan: _NetworkPlan, job_sinks: tuple[str, ...]) -> None:
     group = group_id(job.job_id, network)
-    for stage_index, stage in enumerate(plan):
+    for stage_index, stage in enumerate(plan.stages):
         cost = stage.cost
         prefix = f"{group}/{stage.stage_id}"
         load_id, exec_id = f"{prefix}/load", f"{prefix}/exec"
@@ -283,12 +326,31 @@ def _add_network(parts: _GraphParts, job: JobSpec, network: str, network_index: 
                                 until_tasks=(exec_id,), memory_bytes=cost.resident_bytes))
         consumer_execs = tuple(f"{group}/{consumer}/exec" for consumer in stage.consumers)
         parts.locks.append(Lock(lock_id=f"{prefix}/outputs", from_task=exec_id,
-                                until_tasks=consumer_execs or (exec_id,),
+                                until_tasks=consumer_execs or job_sinks,
                                 memory_bytes=cost.output_bytes))
         parts.precedence.append((load_id, exec_id))
         for producer in stage.producers:
             parts.precedence.append((f"{group}/{producer}/exec", exec_id))
             parts.start_after.append((f"{group}/{producer}/load", load_id))
+    _add_inputs_lock(parts, group, plan)
+
+
+def _add_inputs_lock(parts: _GraphParts, group: str, plan: _NetworkPlan) -> None:
+    """The network instance's input tensors: from its first input-reading EXEC on.
+
+    The executor puts them into the instance's tensor store when its first EXEC
+    is dispatched and drops them when the instance ends, so the lock is held
+    until every EXEC of the instance has ended. The start_after edges make the
+    opener the first input-reading EXEC to start.
+    """
+    if not plan.input_readers:
+        return
+    opener, *others = (f"{group}/{stage_id}/exec" for stage_id in plan.input_readers)
+    parts.locks.append(Lock(
+        lock_id=f"{group}/inputs", from_task=opener,
+        until_tasks=tuple(f"{group}/{stage.stage_id}/exec" for stage in plan.stages),
+        memory_bytes=plan.input_bytes))
+    parts.start_after += [(opener, other) for other in others]
 
 
 _warned_unprofiled: set[str] = set()
