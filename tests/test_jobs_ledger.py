@@ -264,21 +264,14 @@ def test_ca_preempt_abort_releases_everything_and_forgets_the_job() -> None:
     _assert_released_and_forgotten(graph, driver, recorder)
 
 
-# face's first EXEC fails while face's other tasks run (det has ended, its final
-# outputs kept): stopping them ends the job, which the driver forgets before it
-# hands the failure's released locks to the backend (Driver._end stops first,
-# applies released locks after). The same happens with the old lock shapes
-# (any failure that stops a running sibling and ends the job): a driver bug.
-_DRIVER_FORGETS_BEFORE_RELEASING = pytest.mark.xfail(
-    strict=True, raises=KeyError,
-    reason="Driver._end applies a failure's released locks after _stop, which may "
-           "have ended and forgotten the job")
-
 
 @pytest.mark.parametrize(("failing", "forget"), [
     (failing, forget) for failing in ("j0/det/s2/exec", "j0/face/s2/exec", "j0/face/s0/exec")
     for forget in (False, True) if (failing, forget) != ("j0/face/s0/exec", True)
-] + [pytest.param("j0/face/s0/exec", True, marks=_DRIVER_FORGETS_BEFORE_RELEASING)])
+    # The last: face's first EXEC fails while face's other tasks run (det ended, its
+    # outputs kept): stopping them ends the job, and the driver must hand the
+    # failure's released locks to the backend before it forgets the job.
+] + [("j0/face/s0/exec", True)])
 def test_a_failed_network_still_releases_the_job_and_forgets_it(failing: str,
                                                                  forget: bool) -> None:
     graph = _job_graph()

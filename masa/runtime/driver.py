@@ -305,10 +305,14 @@ class Driver:
         # Most completions change nothing else: skip the calls (the simulator's hot path).
         if finished.newly_cancelled:
             self._record_cancelled(finished.newly_cancelled)
+        # Locks first: stopping running siblings may end (and forget) the whole job,
+        # after which the tasks these locks name are gone.
+        if finished.released_locks:
+            self._apply(finished.released_locks, ())
         if finished.to_terminate:
             self._stop(finished.to_terminate)
-        if finished.released_locks or finished.ended_groups:
-            self._apply(finished.released_locks, finished.ended_groups)
+        if finished.ended_groups:
+            self._apply((), finished.ended_groups)
 
     def _stop(self, task_ids: Sequence[str]) -> None:
         """Terminate running tasks (their groups ended); then handle the side effects."""
