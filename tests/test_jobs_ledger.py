@@ -265,13 +265,11 @@ def test_ca_preempt_abort_releases_everything_and_forgets_the_job() -> None:
 
 
 
-@pytest.mark.parametrize(("failing", "forget"), [
-    (failing, forget) for failing in ("j0/det/s2/exec", "j0/face/s2/exec", "j0/face/s0/exec")
-    for forget in (False, True) if (failing, forget) != ("j0/face/s0/exec", True)
-    # The last: face's first EXEC fails while face's other tasks run (det ended, its
-    # outputs kept): stopping them ends the job, and the driver must hand the
-    # failure's released locks to the backend before it forgets the job.
-] + [("j0/face/s0/exec", True)])
+# The last failing task: face's first EXEC fails while face's other tasks run (det
+# ended, its outputs kept): stopping them ends the job, and the driver must hand
+# the failure's released locks to the backend before it forgets the job.
+@pytest.mark.parametrize("forget", [False, True])
+@pytest.mark.parametrize("failing", ["j0/det/s2/exec", "j0/face/s2/exec", "j0/face/s0/exec"])
 def test_a_failed_network_still_releases_the_job_and_forgets_it(failing: str,
                                                                  forget: bool) -> None:
     graph = _job_graph()
