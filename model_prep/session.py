@@ -153,6 +153,7 @@ _LIBC = _load_libc()
 # glibc mallopt(M_MMAP_THRESHOLD): setting it also turns off its dynamic growth.
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 128 * 1024
+EXECUTOR_MMAP_THRESHOLD_BYTES = 1 << 20
 _pinned_threshold_bytes: int | None = None
 
 
@@ -167,14 +168,16 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     returned on free, so a recycled profiling worker measures every stage as a
     fresh process would.
 
-    Only the profiler's worker pins it. Executors do not: with the pin every
-    buffer over 128 KiB is mapped and paged in again on every run, which made a
-    stage chain 1.5x slower than the whole model on GoogleNet and 1.3x on
-    TinyYOLO (CPU time; without the pin 1.00x and 1.05x; pinning at 32 MiB
-    with a 1 GiB trim threshold still gave 1.30x and 1.23x). A long-lived
-    executor may therefore keep freed heap resident between unloads; it trims
-    the heap after every unload, and `--memory-source measured` reconciles
-    the ledger with what the process really holds.
+    The profiler's worker pins it at 128 KiB. Executors pin it at
+    EXECUTOR_MMAP_THRESHOLD_BYTES instead: at 128 KiB every buffer over 128 KiB
+    is mapped and paged in again on every run, which made a stage chain 1.5x
+    slower than the whole model on GoogleNet and 1.3x on TinyYOLO (CPU time).
+    Left dynamic, the threshold climbs and each worker thread's heap arena keeps
+    the large activations of the stages it ran: on the demo workload the
+    process then measured 1.6-1.9x the memory its ledger reserved (24-26 MiB
+    anonymous at a 15 MiB reservation), against 0.95-1.1x pinned at 1 MiB,
+    which cost 2-12% of a stage chain's CPU time (TinyYOLO, GoogLeNet,
+    EmotionNet at scale 0.5, measured on a busy machine).
     """
     global _pinned_threshold_bytes
     if _pinned_threshold_bytes == threshold_bytes:

@@ -21,7 +21,7 @@ from masa.common.argtypes import memory_size, positive_int
 from masa.common.atomic import atomic_write_text
 from masa.common.units import format_bytes
 from masa.report.report import outcome_report, write_json
-from masa.runtime.runner import RunSettings, execute, prepare_run
+from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
 from masa.sched.jobs import stage_costs
 from model_prep.manifest import NetworkManifest
 from model_prep.summary import stage_summary
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time between image arrivals (default 100 ms)")
     demo.add_argument("--memory", type=memory_size, default=None,
                       help="memory budget (default: 30%% of what the networks need together, "
-                           "at least 1.25x the largest stage)")
+                           "at least what the largest task holds)")
     demo.add_argument("--workers", type=positive_int, default=2)
     demo.add_argument("--plot", type=Path, help="write the comparison as a PNG")
     demo.add_argument("--report", type=Path, help="write the three reports as JSON")
@@ -61,6 +61,19 @@ def network_need_bytes(manifest: NetworkManifest) -> int:
     resident = sum(cost.resident_bytes + cost.output_bytes for cost in costs)
     transient = max(max(cost.load_transient_bytes, cost.exec_bytes) for cost in costs)
     return resident + transient
+
+
+def largest_footprint_bytes(prepared: PreparedRun) -> int:
+    """The most one task holds when it starts: its own memory, the locks it opens and
+    the inputs of its network instance."""
+    opened: dict[str, int] = {}
+    inputs: dict[str, int] = {}
+    for lock in prepared.graph.locks:
+        opened[lock.from_task] = opened.get(lock.from_task, 0) + lock.memory_bytes
+        if lock.lock_id.endswith("/inputs"):
+            inputs[lock.lock_id.rsplit("/", 1)[0]] = lock.memory_bytes
+    return max(task.memory_bytes + opened.get(task.task_id, 0) + inputs.get(task.group, 0)
+               for task in prepared.graph.tasks)
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -83,12 +96,6 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
         for line in stage_summary(manifest):
             print(line)
     need_bytes = sum(network_need_bytes(m) for m in manifests)
-    # 30% of the total, but room for the largest single stage: otherwise every
-    # job would load that stage under the progress rule, alone.
-    largest_bytes = max(cost.load_transient_bytes + cost.resident_bytes
-                        for manifest in manifests for cost in map(stage_costs, manifest.stages))
-    budget_bytes = (args.memory if args.memory
-                    else max(int(0.3 * need_bytes), int(1.25 * largest_bytes)))
     workload_path = store / "demo-workload.yaml"
     atomic_write_text(workload_path, (
         "name: demo\n"
@@ -99,6 +106,11 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
         f"count: {args.jobs}, seed: 1}}\n"
     ))
     prepared = prepare_run(workload_path, store)
+    # 30% of the total, but room for the largest task with what it holds (its own
+    # memory, the locks it opens, a job's inputs): otherwise every job would run
+    # that task under the progress rule, alone, over the budget.
+    budget_bytes = (args.memory if args.memory
+                    else max(int(0.3 * need_bytes), largest_footprint_bytes(prepared)))
     print(f"\nThe four networks need {format_bytes(need_bytes)} loaded together; the budget "
           f"is {format_bytes(budget_bytes)}. {args.jobs} images, one every "
           f"{args.interval_ms:g} ms, {args.workers} workers, real ONNX Runtime execution:\n")
@@ -109,12 +121,14 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
         reports[policy] = outcome_report(execute(prepared, settings, simulate=False),
                                          {"workload": "demo"})
     print(compare_reports(reports))
-    print("\nReserved memory is the ledger's: Masa keeps it within the budget (beyond it "
-          "only when one stage alone does not fit and nothing else runs); Bulk and DeepEye "
-          "ignore the budget. Measured memory is the process's RSS above its start: it also "
-          "holds what the stage profiles do not capture (ONNX Runtime's per-session "
-          "overhead, freed heap not yet returned); `masa run --memory-source measured` "
-          "makes Masa schedule against it.")
+    print("\nReserved memory is the ledger's: every stage's session and weights, its "
+          "working memory, the tensors between stages, each job's inputs and kept "
+          "outputs. Masa keeps it within the budget (beyond it only when one task alone "
+          "does not fit and nothing else runs); Bulk and DeepEye ignore the budget. "
+          "Measured memory is the process's exact peak above its baseline (VmHWM), "
+          "anonymous and file-backed (the mapped weights) at the scheduling decisions; "
+          "it also holds what the ledger does not count (Python objects, heap not yet "
+          "returned). `masa run --memory-source measured` makes Masa schedule against it.")
     if args.plot:
         plot_comparison(reports, args.plot, "masa demo")
     if args.report:

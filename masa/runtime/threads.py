@@ -67,7 +67,13 @@ from masa.sched.core import (
 )
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
-from model_prep.session import load_stage, release_memory, warm_up
+from model_prep.session import (
+    EXECUTOR_MMAP_THRESHOLD_BYTES,
+    load_stage,
+    pin_malloc_threshold,
+    release_memory,
+    warm_up,
+)
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +299,10 @@ class ThreadBackend:
         return self.meter.peak_rss_bytes
 
     def begin(self) -> None:
+        # Large buffers (ONNX Runtime's activations) are mapped and returned when
+        # freed, so they do not stay in a worker's heap arena after their run
+        # (model_prep.session.EXECUTOR_MMAP_THRESHOLD_BYTES says what it costs).
+        pin_malloc_threshold(EXECUTOR_MMAP_THRESHOLD_BYTES)
         # ONNX Runtime's one-time setup (libraries paged in, thread pools) is paid
         # before the baseline, so it is not counted as the run's memory.
         warm_up(self.config.intra_op_threads)
