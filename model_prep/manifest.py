@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -252,9 +253,12 @@ def _tensor_from_dict(errors: ErrorCollector, raw: Any, path: str) -> TensorSpec
     return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), size_bytes=size_bytes)
 
 
-def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str) -> Any:
-    """A flat dataclass of non-negative numbers and booleans; fields with a default
-    may be absent (manifests written before they existed)."""
+def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str,
+                         nested: Mapping[str, type] | None = None) -> Any:
+    """A dataclass of non-negative numbers and booleans, and of the dataclasses (or
+    null) that `nested` names by field; fields with a default may be absent
+    (manifests written before they existed)."""
+    nested = nested or {}
     if not isinstance(raw, dict):
         errors.add(path, f"expected a mapping, got {raw!r}")
         return None
@@ -270,9 +274,9 @@ def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str)
                 return None
             values[name] = flag
             continue
-        if kind.startswith("SessionAlternative"):
+        if name in nested:
             if raw[name] is not None:
-                values[name] = _dataclass_from_dict(errors, SessionAlternative, raw[name],
+                values[name] = _dataclass_from_dict(errors, nested[name], raw[name],
                                                     f"{path}.{name}")
                 if values[name] is None:
                     return None
@@ -440,7 +444,8 @@ def _stage_from_dict(
         tensor_lists[key] = tuple(t for t in parsed if t is not None)
     profile_raw = raw.get("profile")
     profile = (
-        _dataclass_from_dict(errors, StageProfile, profile_raw, f"{path}.profile")
+        _dataclass_from_dict(errors, StageProfile, profile_raw, f"{path}.profile",
+                             nested={"alternative": SessionAlternative})
         if profile_raw is not None else None
     )
     if stage_id in seen_ids:

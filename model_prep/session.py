@@ -176,7 +176,7 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     the large activations of the stages it ran: on the demo workload the
     process then measured 1.6-1.9x the memory its ledger reserved (24-26 MiB
     anonymous at a 15 MiB reservation), against 0.95-1.1x pinned at 1 MiB,
-    which cost 2-12% of a stage chain's CPU time (TinyYOLO, GoogLeNet,
+    which cost 1-12% of a stage chain's CPU time (TinyYOLO, GoogLeNet,
     EmotionNet at scale 0.5, measured on a busy machine).
     """
     global _pinned_threshold_bytes

@@ -12,8 +12,8 @@ two load modes (`masa prepare --load-mode`):
   goes to `<file>.data` beside the stage file, at an offset aligned so that
   ONNX Runtime maps it instead of copying it (it maps an external initializer
   only at a page-aligned offset). With prepacking off
-  (model_prep.session) a LOAD then adds a few hundred KiB of anonymous memory
-  instead of 1-5x the weights, and the weights stay clean, shared,
+  (model_prep.session) a LOAD then peaks at about 1.0x the weights instead
+  of 2-5x (docs/load-bench.md), and the weights stay clean, shared,
   reclaimable file-backed pages;
 - "copy": the weights inside the .onnx file (ONNX Runtime parses and copies
   them: load peak about 2x the weights), external only once they reach

@@ -64,16 +64,14 @@ def network_need_bytes(manifest: NetworkManifest) -> int:
 
 
 def largest_footprint_bytes(prepared: PreparedRun) -> int:
-    """The most one task holds when it starts: its own memory, the locks it opens and
-    the inputs of its network instance."""
-    opened: dict[str, int] = {}
-    inputs: dict[str, int] = {}
-    for lock in prepared.graph.locks:
-        opened[lock.from_task] = opened.get(lock.from_task, 0) + lock.memory_bytes
-        if lock.lock_id.endswith("/inputs"):
-            inputs[lock.lock_id.rsplit("/", 1)[0]] = lock.memory_bytes
-    return max(task.memory_bytes + opened.get(task.task_id, 0) + inputs.get(task.group, 0)
-               for task in prepared.graph.tasks)
+    """The most one task needs when it starts: its footprint (its own memory and the
+    locks it opens) plus, as a margin for what is already held then (its stage's
+    session, upstream outputs), its network instance's input bytes."""
+    graph = prepared.graph
+    inputs_bytes = {graph.task(lock.from_task).group: lock.memory_bytes
+                    for lock in graph.locks if lock.lock_id.endswith("/inputs")}
+    return max(graph.footprint_bytes(task.task_id) + inputs_bytes.get(task.group, 0)
+               for task in graph.tasks)
 
 
 def demo_command(args: argparse.Namespace) -> int:
