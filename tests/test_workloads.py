@@ -19,7 +19,7 @@ from workloads.arrivals import (
     rate_for_intensity,
     traffic_intensity,
 )
-from workloads.conditions import condition_draw, evaluate_condition
+from workloads.conditions import condition_draw, evaluate_condition, load_plugin
 from workloads.generation import (
     apply_intensity,
     generate_jobs,
@@ -182,8 +182,8 @@ def test_malformed_predicates_and_transforms(tmp_path: Path) -> None:
     text = "\n".join(caught.value.problems)
     assert "at 'graph.cls.when[0].argmax_in': expected a list of class ids" in text
     assert "at 'graph.cls.when[1].probability': expected a number in [0, 1]" in text
-    assert "at 'graph.cls.when[2].call': cannot import module 'no_such_module_xyz'" in text
-    assert "at 'graph.cls.when[3].call': expected 'package.module:function'" in text
+    assert "at 'graph.cls.when[2].call': no plugin 'no_such_module_xyz' is loaded" in text
+    assert "at 'graph.cls.when[3].call': expected 'plugin:function'" in text
     assert "at 'graph.cls.when[4].output': not used by 'probability'" in text
     assert "at 'graph.cls.input.transform': expected crop_best_box" in text
     assert "at 'graph.other.when': a condition needs 'after:'" in text
@@ -452,6 +452,7 @@ def test_call_predicate_and_transform_receive_upstream_outputs(
             return np.full(tensor.shape, outputs["detector"]["scores"].max(), np.float32)
         """))
     monkeypatch.syspath_prepend(str(tmp_path))
+    load_plugin("my_rules")  # a module plugin (`masa --plugin my_rules`)
     path = _write(tmp_path, """\
         graph:
           detector:

@@ -10,12 +10,13 @@ numpy arrays (no eval, no I/O, no clocks):
   network, so every downstream of the same upstream with the same p sees the
   same label (a face was found, or not), and the simulator and the real
   executor draw the same labels for the same seed;
-- `call: "package.module:func"`: a user predicate receiving the upstream
-  outputs ``{network: {tensor_name: array}}`` and returning a bool;
-- user callables named either way or by a Python file, "rules.py:func"
-  (`resolve_callable`, `callable_reference`): a file path is relative to the
-  workload file, so an example directory can carry its own code. Input
-  transforms (workloads.inputs) name their callables the same way.
+- `call: "plugin:func"`: a user predicate receiving the upstream outputs
+  ``{network: {tensor_name: array}}`` and returning a bool;
+- plugins: a workload only *names* functions; code comes in only from whoever
+  runs the command (`masa --plugin FILE.py|MODULE ...`, or `load_plugin` from
+  Python). A workload naming anything else (a file path, "os:system") is
+  refused when it is loaded, before anything runs. Input transforms
+  (workloads.inputs) name their callables the same way.
 
 The `Condition` dataclass and the predicate kinds are in workloads.model.
 Upstream outputs everywhere are ``Mapping[network, Mapping[tensor, ndarray]]``.
@@ -29,6 +30,7 @@ import sys
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -38,40 +40,41 @@ from workloads.model import CONDITION_STREAM, Condition, UpstreamOutputs
 # ------------------------------------------------------------ user callables
 
 
-CALLABLE_FORMS = "'package.module:function' or 'file.py:function'"
-# Prefix of the sys.modules names of user files, so they never shadow a real module.
-_FILE_MODULE_PREFIX = "_masa_user_file_"
+CALLABLE_FORMS = "'plugin:function' (a function of a plugin loaded with --plugin)"
+# Prefix of the sys.modules names of plugin files, so they never shadow a real module.
+_FILE_MODULE_PREFIX = "_masa_plugin_"
+# Plugin name -> module: the only code a workload can name. Filled by load_plugin.
+_PLUGINS: dict[str, ModuleType] = {}
 
 
 def _split_callable(spec: str) -> tuple[str, str]:
-    # rpartition: a file path may contain ':', a function name never does.
-    target, sep, attribute = spec.rpartition(":")
+    target, sep, attribute = spec.partition(":")
     if not sep or not target or not attribute:
         raise ValueError(f"expected {CALLABLE_FORMS}, got {spec!r}")
     return target, attribute
 
 
-def _is_file_target(target: str) -> bool:
-    return target.endswith(".py")
+def load_plugin(spec: str) -> str:
+    """Import the operator's code: a module name, or a Python file ("rules.py",
+    registered by its stem). Returns the plugin's name; ValueError says what is wrong."""
+    if spec.endswith(".py"):
+        path = Path(spec).expanduser().resolve()
+        name, module = path.stem, _load_file_module(path)
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ImportError as error:
+            raise ValueError(f"cannot import module {spec!r}: {error}") from None
+        name = spec
+    registered = _PLUGINS.get(name)
+    if registered is not None and registered is not module:
+        raise ValueError(f"two plugins are named {name!r} ({registered.__name__} and "
+                         f"{spec}): rename one")
+    _PLUGINS[name] = module
+    return name
 
 
-def callable_reference(spec: str, base_dir: Path | None = None) -> str:
-    """The spec with a relative "file.py" made absolute against base_dir.
-
-    Workload loaders store this form in Condition.call / Transform.call, so
-    the callable resolves the same at run time whatever the working directory.
-    "package.module:func" is returned unchanged. Raises ValueError if malformed.
-    """
-    target, attribute = _split_callable(spec)
-    if not _is_file_target(target):
-        return spec
-    path = Path(target).expanduser()
-    if not path.is_absolute():
-        path = (base_dir if base_dir is not None else Path.cwd()) / path
-    return f"{path.resolve()}:{attribute}"
-
-
-def _load_file_module(path: Path) -> Any:
+def _load_file_module(path: Path) -> ModuleType:
     """Import a Python file once per process, under a name unique to its path."""
     if not path.is_file():
         raise ValueError(f"no Python file {str(path)!r}")
@@ -88,7 +91,7 @@ def _load_file_module(path: Path) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # any failure in user code is a bad workload entry
+    except Exception as error:  # any failure in the plugin's code is a bad --plugin
         del sys.modules[name]
         first_line = (str(error).strip().splitlines() or [""])[0]
         raise ValueError(f"cannot import {str(path)!r}: {type(error).__name__}: "
@@ -96,28 +99,23 @@ def _load_file_module(path: Path) -> Any:
     return module
 
 
-def resolve_callable(spec: str, base_dir: Path | None = None) -> Callable[..., Any]:
-    """Import "package.module:func" or load "path/to/file.py:func".
+def resolve_callable(spec: str) -> Callable[..., Any]:
+    """The function "plugin:func" (func may be dotted) of a loaded plugin.
 
-    A file path ends in ".py"; a relative one is taken from base_dir (the
-    workload file's directory; default the working directory). The file is
-    executed once per process and cached. Raises ValueError saying what is wrong.
+    Never imports or runs anything: a plugin that was not loaded is an error.
+    Raises ValueError saying what is wrong.
     """
-    target, attribute = _split_callable(spec)
-    if _is_file_target(target):
-        path = Path(callable_reference(spec, base_dir).rpartition(":")[0])
-        module = _load_file_module(path)
-        where = f"file {str(path)!r}"
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as error:
-            raise ValueError(f"cannot import module {target!r}: {error}") from None
-        where = f"module {target!r}"
+    plugin, attribute = _split_callable(spec)
+    module = _PLUGINS.get(plugin)
+    if module is None:
+        loaded = ", ".join(sorted(_PLUGINS)) or "none"
+        raise ValueError(f"no plugin {plugin!r} is loaded (loaded: {loaded}); a workload "
+                         "names functions, it never loads code: load it with "
+                         "`masa --plugin FILE.py|MODULE ...`")
     found: Any = module
     for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise ValueError(f"{where} has no attribute {attribute!r}")
+        if part.startswith("_") or not hasattr(found, part):
+            raise ValueError(f"plugin {plugin!r} has no function {attribute!r}")
         found = getattr(found, part)
     if not callable(found):
         raise ValueError(f"{spec!r} is not callable")

@@ -25,7 +25,7 @@ from masa.common.errors import ErrorCollector, UserError
 from masa.common.graphs import find_cycle, topological_order
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest
 from workloads.arrivals import ARRIVAL_KINDS, Arrival, Composition
-from workloads.conditions import CALLABLE_FORMS, callable_reference, resolve_callable
+from workloads.conditions import CALLABLE_FORMS, resolve_callable
 from workloads.generation import apply_intensity
 from workloads.inputs import load_input_file
 from workloads.model import (
@@ -100,7 +100,7 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     name = errors.get(raw, "name", str, "", required=False, default=source.stem)
     description = errors.get(raw, "description", str, "", required=False, default="")
 
-    nodes = _parse_graph(errors, raw.get("graph"), source.parent)
+    nodes = _parse_graph(errors, raw.get("graph"))
     manifests = _store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
     if manifests:
         _check_outputs(errors, nodes, manifests)
@@ -138,9 +138,8 @@ def _string_list(errors: ErrorCollector, value: Any, path: str) -> tuple[str, ..
     return ()
 
 
-def _parse_graph(errors: ErrorCollector, raw: Any, base_dir: Path | None = None
-                 ) -> list[NetworkNode]:
-    """The job graph's nodes in file order. base_dir: where `call:` files are."""
+def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
+    """The job graph's nodes in file order."""
     if raw is None:
         errors.add("graph", "missing field, expected a mapping of network names")
         return []
@@ -177,13 +176,12 @@ def _parse_graph(errors: ErrorCollector, raw: Any, base_dir: Path | None = None
             items = raw_when if is_list else [raw_when]
             for index, item in enumerate(items):
                 item_path = f"{path}.when[{index}]" if is_list else f"{path}.when"
-                condition = _parse_condition(errors, item, item_path, known_after, base_dir)
+                condition = _parse_condition(errors, item, item_path, known_after)
                 if condition is not None:
                     when.append(condition)
         transform = None
         if entry.get("input") is not None:
-            transform = _parse_transform(errors, entry["input"], f"{path}.input", known_after,
-                                         base_dir)
+            transform = _parse_transform(errors, entry["input"], f"{path}.input", known_after)
         nodes.append(NetworkNode(name=str(name), after=known_after, when=tuple(when),
                                  transform=transform))
     return nodes
@@ -222,23 +220,21 @@ def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None 
     return float(value)
 
 
-def _parse_callable(errors: ErrorCollector, value: Any, path: str,
-                    base_dir: Path | None) -> str | None:
-    """A `call:` / transform callable, checked now and stored so it resolves anywhere."""
+def _parse_callable(errors: ErrorCollector, value: Any, path: str) -> str | None:
+    """A `call:` / transform callable: a function of a loaded plugin (nothing is imported)."""
     if not isinstance(value, str):
         errors.add(path, f"expected {CALLABLE_FORMS}, got {value!r}")
         return None
     try:
-        reference = callable_reference(value, base_dir)
-        resolve_callable(reference)
+        resolve_callable(value)
     except ValueError as error:
         errors.add(path, str(error))
         return None
-    return reference
+    return value
 
 
 def _parse_condition(errors: ErrorCollector, raw: Any, path: str,
-                     after: tuple[str, ...], base_dir: Path | None = None) -> Condition | None:
+                     after: tuple[str, ...]) -> Condition | None:
     if not isinstance(raw, dict):
         errors.add(path, f"expected a predicate mapping such as {{max_above: 0.5}}, got {raw!r}")
         return None
@@ -282,23 +278,23 @@ def _parse_condition(errors: ErrorCollector, raw: Any, path: str,
     elif kind == "probability":
         fields["probability"] = _number(errors, value, key_path, low=0.0, high=1.0)
     elif kind == "call":
-        fields["call"] = _parse_callable(errors, value, key_path, base_dir)
+        fields["call"] = _parse_callable(errors, value, key_path)
     if len(errors.problems) > before or network is None:
         return None
     return Condition(kind=kind, network=network, output=output, column=column, **fields)
 
 
 def _parse_transform(errors: ErrorCollector, raw: Any, path: str,
-                     after: tuple[str, ...], base_dir: Path | None = None) -> Transform | None:
+                     after: tuple[str, ...]) -> Transform | None:
     if not isinstance(raw, dict) or "transform" not in raw:
-        errors.add(path, f"expected {{transform: crop_best_box | 'package.module:function' | "
-                   f"'file.py:function', ...}}, got {raw!r}")
+        errors.add(path, f"expected {{transform: crop_best_box | 'plugin:function', ...}}, "
+                   f"got {raw!r}")
         return None
     name = raw["transform"]
     before = len(errors.problems)
     if isinstance(name, str) and ":" in name:
         _unknown_keys(errors, raw, {"transform"}, path)
-        call = _parse_callable(errors, name, f"{path}.transform", base_dir)
+        call = _parse_callable(errors, name, f"{path}.transform")
         if call is None or len(errors.problems) > before:
             return None
         return Transform(kind="call", call=call)

@@ -50,7 +50,7 @@ class Condition:
     class_ids: tuple[int, ...] = ()  # argmax_in
     column: int | None = None  # read only this index of the last axis (a score column)
     probability: float | None = None
-    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
+    call: str | None = None  # "plugin:func", a function of a loaded plugin
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Transform:
     scores: str | None = None  # tensor [..., N]; None: column 4 of `boxes`
     coords: str = "pixels"  # pixels of the job input, or normalized to [0, 1]
     margin: float = 0.0  # grow the box by this fraction of its size on every side
-    call: str | None = None  # "package.module:func" or "/absolute/file.py:func"
+    call: str | None = None  # "plugin:func", a function of a loaded plugin
 
 
 @dataclass(frozen=True)

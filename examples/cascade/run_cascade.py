@@ -42,6 +42,7 @@ from masa.runtime.runner import (
 )
 from model_prep.manifest import MANIFEST_NAME, load_manifest
 from model_prep.prepare_cli import prepare_network
+from workloads.conditions import load_plugin
 from workloads.inputs import load_input_file
 from workloads.model import InputSpec
 
@@ -147,6 +148,7 @@ def run_image(store_dir: Path, image: Path, context: str,
               settings: RunSettings | None = None) -> CascadeRun:
     """Run cascade.yaml on one image under one context mode, for real."""
     settings = replace(settings or RunSettings(), keep_outputs=True)
+    load_plugin(str(WORKLOAD_PATH.with_name("face_crop.py")))  # the transform's code
     prepared = with_image(prepare_run(WORKLOAD_PATH, store_dir, context), image)
     outcome = execute(prepared, settings, simulate=False)
     report = outcome_report(outcome)

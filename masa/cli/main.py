@@ -60,6 +60,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--debug", action="store_true",
                         help="debug log and full tracebacks of internal errors")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py|MODULE",
+                        help="load your Python code so that workloads can name its "
+                             "functions as 'plugin:function' in call: and transform: "
+                             "(repeatable); a workload never loads code itself")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {COMMANDS[command][0]} if command in COMMANDS else set()
     registered: set[str] = set()
@@ -75,12 +79,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _chosen_command(argv: Sequence[str]) -> str | None:
     """The subcommand named in argv (the first word that is one), if any."""
-    for word in argv:
+    words = iter(argv)
+    for word in words:
         if word in COMMANDS:
             return word
-        if not word.startswith("-"):
+        if word == "--plugin":
+            next(words, None)  # its value
+        elif not word.startswith("-"):
             return None
     return None
+
+
+def load_plugins(specs: Sequence[str]) -> None:
+    """Import the `--plugin` code (the only code a workload can name)."""
+    if not specs:
+        return
+    from workloads.conditions import load_plugin  # imports numpy: only when asked for
+
+    for spec in specs:
+        try:
+            load_plugin(spec)
+        except ValueError as error:
+            raise UserError(f"--plugin {spec}: {error}") from None
 
 
 def configure_logging(verbose: int, quiet: bool, debug: bool = False) -> None:
@@ -97,6 +117,7 @@ def run_handler(parser: argparse.ArgumentParser, args: argparse.Namespace, prog:
         parser.print_help()
         return EXIT_USAGE
     try:
+        load_plugins(getattr(args, "plugin", []))
         return int(handler(args) or 0)
     except RunFailed as failure:
         print(f"{prog}: error: {failure}", file=sys.stderr)
