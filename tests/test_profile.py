@@ -127,6 +127,11 @@ def profiled(network: NetworkManifest) -> Profiled:
     return profile_network(network, runs=RUNS, sample_attempts=SAMPLE_ATTEMPTS)
 
 
+# RSS counters are kept per CPU in batches of up to 32 pages (docs/profiling.md,
+# "Counter granularity"): a resident figure can read that much short of the weights.
+RSS_COUNTER_SLACK_BYTES = 32 * 4096 * (os.cpu_count() or 1)
+
+
 def _agree(exact_bytes: int, sampled_bytes: int) -> bool:
     return abs(exact_bytes - sampled_bytes) <= max(0.10 * exact_bytes, MIB)
 
@@ -162,7 +167,8 @@ def test_load_peak_covers_resident_which_covers_weights(
     for stage in network.stages:
         profile = profiles[stage.stage_id]
         assert stage.weight_bytes >= 2 * MIB
-        assert profile.load_peak_bytes >= profile.resident_bytes >= stage.weight_bytes, stage
+        assert profile.load_peak_bytes >= profile.resident_bytes, stage
+        assert profile.resident_bytes >= stage.weight_bytes - RSS_COUNTER_SLACK_BYTES, stage
         # The session keeps about one copy of the weights, not two or three.
         assert profile.resident_bytes < 2 * stage.weight_bytes + 2 * MIB, stage
 
@@ -327,7 +333,7 @@ def test_profile_of_a_prepared_zoo_network(tmp_path: Path) -> None:
         assert _agree(profile.load_peak_bytes, profile.sampled_load_peak_bytes), stage
         assert _agree(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes), stage
         # Tiny stages are within the kernel's RSS counter granularity.
-        slack_bytes = 0 if stage.weight_bytes >= MIB else 128 * 1024
+        slack_bytes = RSS_COUNTER_SLACK_BYTES if stage.weight_bytes >= MIB else 128 * 1024
         assert profile.load_peak_bytes >= profile.resident_bytes, stage
         assert profile.resident_bytes >= stage.weight_bytes - slack_bytes, stage
     assert max(stage.weight_bytes for stage in manifest.stages) >= 3 * MIB
