@@ -20,9 +20,11 @@ tasks due arrive, then asks the core for dispatches: the order of a
 simulation is a pure function of its inputs.
 
 `submit` adds a job's task graph while the loop runs (from another thread
-too). With `forget_ended`, a job's tasks, locks and groups leave the
-scheduler state once the job has ended and been reported to the observers, so
-a long-running driver's state holds only unfinished jobs.
+too), `call_soon` runs a control action (a client's cancel) on the loop's
+thread, and `run(live=...)` keeps the loop waiting while idle (masa.serve).
+With `forget_ended`, a job's tasks, locks and groups leave the scheduler state
+once the job has ended and been reported to the observers, so a long-running
+driver's state holds only unfinished jobs.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ class Driver:
         self._sequence = 0
         self._running: dict[str, tuple[int, int]] = {}  # task_id -> (worker, start_us)
         self._inbox: queue.SimpleQueue[TaskGraph] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._job_groups: dict[int, set[str]] = {}  # job -> its groups not yet ended
         self._job_networks: dict[int, list[str]] = {}  # job -> networks, in graph order
         self._registered_jobs: set[int] = set()  # jobs told to the context controller
@@ -208,17 +211,37 @@ class Driver:
         self._inbox.put(graph)
         self.backend.wake()
 
+    def call_soon(self, action: Callable[[], None]) -> None:
+        """Run `action` on the loop's thread at its next step, after the graphs submitted
+        before it (from any thread): how a service cancels a job or reads the state."""
+        self._calls.put(action)
+        self.backend.wake()
+
+    @property
+    def running_task_ids(self) -> list[str]:
+        return list(self._running)
+
     # ---------------------------------------------------------------- the loop
 
-    def run(self, until_us: int | None = None) -> None:
-        """Run until nothing runs and nothing more can arrive, or the clock reaches until_us."""
+    def run(self, until_us: int | None = None, *,
+            live: Callable[[], bool] | None = None) -> None:
+        """Run until nothing runs and nothing more can arrive, or the clock reaches until_us.
+
+        With `live`, run while live() is true, idle or not (a service: idle, the
+        backend's `wait` blocks until a submit, a call or a `wake`), and return
+        at the first step where it is false, even with tasks running.
+        """
         while True:
             self._take_inbox()
             self._arrive_due()
             self._drain()
             self._dispatch()
             next_release = self._releases[0][0] if self._releases else None
-            if not self._running and next_release is None and self._inbox.empty():
+            if live is not None:
+                if not live():
+                    return
+            elif (not self._running and next_release is None and self._inbox.empty()
+                  and self._calls.empty()):
                 return
             deadline = next_release
             if until_us is not None:
@@ -235,6 +258,12 @@ class Driver:
             except queue.Empty:
                 return
             self.add(graph)
+        while not self._calls.empty():
+            try:
+                action = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            action()
 
     def _arrive_due(self) -> None:
         now_us = self.backend.now_us()

@@ -1,0 +1,231 @@
+"""`masa serve` soak and overhead: jobs over real HTTP on loopback (issue 15).
+
+Owns the daemon's two benchmarks, written to docs/bench-serve.md:
+
+- soak: JOBS real jobs (AgeNet + GenderNet replicas of the zoo, scale 0.05,
+  each job both networks) POSTed as .npy at a steady rate to a `masa serve`
+  child process; each result is long-polled. It reports throughput and the
+  p50/p90/p99 response (the daemon's own accept-to-end time, and the
+  client's POST-to-result time), the daemon's resident memory (VmRSS) after
+  the first 100 jobs and at the end, and the scheduler state's entries at
+  both points (GET /v1/status);
+- overhead: jobs one at a time (no queueing); the daemon's added latency per
+  job is the client's POST-to-result time less the scheduler's time for the
+  job (submission to the scheduler until its last network ended), i.e.
+  HTTP, decoding, the journal's two commits and the long-poll wake-up. Next
+  to it: `masa run`'s response on the same networks, jobs 1 s apart.
+
+Run:  python benchmarks/bench_serve.py [--jobs 1000] [--rate 20] [--sequential 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from masa.common.atomic import atomic_write_text
+from masa.runtime.runner import RunSettings, execute, prepare_run
+from workloads.zoo import write_zoo
+
+ROOT = Path(__file__).resolve().parent.parent
+NETWORKS = ("agenet", "gendernet")
+SCALE = 0.05
+
+
+def _request(url: str, method: str = "GET", body: bytes | None = None) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=body, method=method)
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _start(directory: Path, store: Path, sync: str) -> tuple[subprocess.Popen, str]:
+    config = directory / f"device-{sync}.yaml"
+    config.write_text(json.dumps({
+        "store": str(store), "memory": "256MiB", "workers": 2, "listen": "127.0.0.1:0",
+        "journal": str(directory / f"journal-{sync}.sqlite"), "journal_sync": sync,
+        "limits": {"max_queued_jobs": 1000},
+        "graphs": {"pair": {"graph": list(NETWORKS)}}}))
+    process = subprocess.Popen([sys.executable, "-m", "masa", "-q", "serve", "--config",
+                                str(config)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    return process, line.split("listening on ", 1)[1].strip()
+
+
+def _body(index: int) -> bytes:
+    x = np.random.default_rng(index).random((1, 3, 227, 227)).astype(np.float32)
+    buffer = io.BytesIO()
+    np.save(buffer, x)
+    return buffer.getvalue()
+
+
+def _one_job(url: str, body: bytes) -> tuple[float, dict[str, Any]]:
+    """POST, long-poll until the end: (client seconds, the job document)."""
+    start = time.perf_counter()
+    job_id = _request(f"{url}/v1/jobs?graph=pair", "POST", body)["id"]
+    while True:
+        document = _request(f"{url}/v1/jobs/{job_id}?wait=30")
+        if document["state"] in ("done", "failed", "cancelled"):
+            return time.perf_counter() - start, document
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(array, q)) for q in (50, 90, 99)} | {
+        "mean": float(array.mean())}
+
+
+def soak(url: str, pid: int, jobs: int, rate_per_s: float) -> dict[str, Any]:
+    bodies = [_body(i % 16) for i in range(16)]
+    results: list[tuple[float, dict[str, Any]] | None] = [None] * jobs
+    marks: dict[str, Any] = {}
+    done = threading.Semaphore(0)
+
+    def run(index: int) -> None:
+        results[index] = _one_job(url, bodies[index % 16])
+        done.release()
+
+    start = time.perf_counter()
+    threads = []
+    for index in range(jobs):
+        delay = start + index / rate_per_s - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        thread = threading.Thread(target=run, args=(index,))
+        thread.start()
+        threads.append(thread)
+        if index == 100:  # the first 100 jobs were submitted 1/rate ago: wait for them
+            for _ in range(100):
+                done.acquire()
+            marks["after_100"] = {"rss_bytes": _rss_bytes(pid),
+                                  "state": _request(f"{url}/v1/status")["scheduler_state"]}
+    for thread in threads:
+        thread.join()
+    elapsed_s = time.perf_counter() - start
+    marks["end"] = {"rss_bytes": _rss_bytes(pid),
+                    "state": _request(f"{url}/v1/status")["scheduler_state"]}
+    finished = [r for r in results if r is not None]
+    states = {doc["state"] for _, doc in finished}
+    return {"jobs": jobs, "rate_per_s": rate_per_s, "elapsed_s": elapsed_s,
+            "throughput_per_s": jobs / elapsed_s, "states": sorted(states),
+            "server_response_ms": _percentiles([d["response_ms"] for _, d in finished]),
+            "client_response_ms": _percentiles([s * 1000 for s, _ in finished]), **marks}
+
+
+def overhead(url: str, jobs: int) -> dict[str, Any]:
+    added_ms, client_ms, scheduler_ms = [], [], []
+    for index in range(jobs):
+        seconds, document = _one_job(url, _body(index % 16))
+        in_scheduler = max(r["ended_ms"] for r in document["networks"].values())
+        client_ms.append(seconds * 1000)
+        scheduler_ms.append(in_scheduler)
+        added_ms.append(seconds * 1000 - in_scheduler)
+    return {"jobs": jobs, "added_ms": _percentiles(added_ms),
+            "client_ms": _percentiles(client_ms), "scheduler_ms": _percentiles(scheduler_ms)}
+
+
+def masa_run_response(store: Path, directory: Path, jobs: int) -> dict[str, float]:
+    workload = directory / "pair.yaml"
+    workload.write_text(f"graph: {list(NETWORKS)}\ninput: random\n"
+                        f"arrivals: {{kind: periodic, interval_ms: 300, count: {jobs}}}\n")
+    outcome = execute(prepare_run(workload, store),
+                      RunSettings(workers=2, memory_budget_bytes=256 * 2**20), simulate=False)
+    ends: dict[int, int] = {}
+    for record in outcome.schedule:
+        job = int(record.task_id.split("/", 1)[0][1:])
+        ends[job] = max(ends.get(job, 0), record.end_us)
+    return _percentiles([(ends[job.job_id] - job.arrival_us) / 1000 for job in outcome.jobs])
+
+
+def _report(results: dict[str, Any], command: str) -> str:
+    soak_result = results["soak"]
+    rss_100 = soak_result["after_100"]["rss_bytes"]
+    rss_end = soak_result["end"]["rss_bytes"]
+    lines = [
+        "# `masa serve`: soak and overhead", "",
+        f"Measured by `{command}` on this project's shared 2-core x86-64 machine "
+        "(other agents' jobs ran at the same time); AgeNet + GenderNet zoo replicas at "
+        f"scale {SCALE}, both networks per job, a 1x3x227x227 float32 `.npy` per request, "
+        "2 workers, budget 256 MiB, journal `synchronous=FULL`, loopback HTTP.", "",
+        "## Soak", "",
+        f"{soak_result['jobs']} jobs at {soak_result['rate_per_s']:g} jobs/s: "
+        f"states {', '.join(soak_result['states'])}; throughput "
+        f"{soak_result['throughput_per_s']:.1f} jobs/s over {soak_result['elapsed_s']:.1f} s.",
+        "", "| response (ms) | p50 | p90 | p99 | mean |", "|---|---|---|---|---|"]
+    for key, label in (("server_response_ms", "daemon: accept to end"),
+                       ("client_response_ms", "client: POST to result")):
+        stats = soak_result[key]
+        lines.append(f"| {label} | {stats['p50']:.1f} | {stats['p90']:.1f} | "
+                     f"{stats['p99']:.1f} | {stats['mean']:.1f} |")
+    lines += ["", "| | resident memory | scheduler state entries |", "|---|---|---|",
+              f"| after the first 100 jobs | {rss_100 / 2**20:.1f} MiB | "
+              f"{sum(soak_result['after_100']['state'].values())} |",
+              f"| after all {soak_result['jobs']} | {rss_end / 2**20:.1f} MiB | "
+              f"{sum(soak_result['end']['state'].values())} |",
+              f"| change | {100 * (rss_end - rss_100) / rss_100:+.1f}% | |", "",
+              "## Added latency per job", ""]
+    for sync, result in results["overhead"].items():
+        added, client = result["added_ms"], result["client_ms"]
+        lines.append(f"- journal `synchronous={sync.upper()}`, {result['jobs']} jobs one at a "
+                     f"time: added p50 {added['p50']:.2f} ms, p90 {added['p90']:.2f} ms "
+                     f"(client POST-to-result p50 {client['p50']:.1f} ms, scheduler p50 "
+                     f"{result['scheduler_ms']['p50']:.1f} ms).")
+    run = results["masa_run_ms"]
+    lines += [f"- `masa run` on the same networks, jobs 300 ms apart: response p50 "
+              f"{run['p50']:.1f} ms, p90 {run['p90']:.1f} ms.", "",
+              "Added latency = the client's POST-to-result time less the scheduler's time "
+              "for the job (its submission to the driver until its last network ended): "
+              "HTTP on loopback, decoding the `.npy`, the journal's commit before the 202 "
+              "and the result's commit, and the long-poll's wake-up.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=20.0, help="soak jobs per second")
+    parser.add_argument("--sequential", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench-serve.md")
+    args = parser.parse_args(argv)
+    command = "python benchmarks/bench_serve.py " + " ".join(argv or sys.argv[1:])
+    results: dict[str, Any] = {"overhead": {}}
+    with tempfile.TemporaryDirectory(prefix="masa-bench-serve-") as scratch:
+        directory = Path(scratch)
+        store = directory / "store"
+        write_zoo(store, list(NETWORKS), scale=SCALE, profile=False)
+        for sync in ("full", "normal"):
+            process, url = _start(directory, store, sync)
+            try:
+                if sync == "full":
+                    results["soak"] = soak(url, process.pid, args.jobs, args.rate)
+                results["overhead"][sync] = overhead(url, args.sequential)
+            finally:
+                process.terminate()
+                process.wait(timeout=120)
+        results["masa_run_ms"] = masa_run_response(store, directory, min(args.sequential, 50))
+    print(json.dumps(results, indent=1))
+    atomic_write_text(args.out, _report(results, command.strip()))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

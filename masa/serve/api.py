@@ -1,0 +1,312 @@
+"""The daemon's HTTP API on aiohttp, and the server around it (signals, shutdown).
+
+Owns the routes of masa.serve.openapi, the token check (bearer token, compared
+in constant time; /healthz and /readyz stay open), the request size limit
+(413 before the body is read when Content-Length says so), the one-line JSON
+errors, long-polling (`?wait=`, woken by the service when a result is
+journaled) and `serve`: listen, print the address, run until SIGTERM or
+SIGINT, then refuse new jobs (503), let accepted ones finish within the
+grace time and stop; jobs still unfinished stay queued in the journal.
+
+Blocking work (decoding, the journal) runs in the event loop's default
+executor, never on the loop itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from masa.sched.jobs import stage_costs
+from masa.serve.metrics import CONTENT_TYPE
+from masa.serve.openapi import openapi_document
+from masa.serve.service import (
+    ServeError,
+    Service,
+    largest_task_bytes,
+    read_token,
+    readiness,
+    token_matches,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 60.0
+_OPEN_PATHS = ("/healthz", "/readyz")
+_SERVICE = web.AppKey("service", Service)
+_WAITERS = web.AppKey("waiters", dict)
+_TOKEN = web.AppKey("token", object)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The token, then the handler, with ServeError and aiohttp's own errors as JSON."""
+    service = request.app[_SERVICE]
+    token = request.app[_TOKEN]
+    if token is not None and request.path not in _OPEN_PATHS:
+        header = request.headers.get("Authorization", "")
+        offered = header[len("Bearer "):] if header.startswith("Bearer ") else None
+        if not token_matches(token, offered):
+            service.metrics.jobs_rejected.labels("unauthorized").inc()
+            return _error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'",
+                          {"WWW-Authenticate": "Bearer"})
+    try:
+        return await handler(request)
+    except ServeError as error:
+        if request.method == "POST":
+            service.metrics.jobs_rejected.labels(error.reason).inc()
+        headers = ({"Retry-After": str(error.retry_after_s)}
+                   if error.retry_after_s is not None else None)
+        return _error(error.status, str(error), headers)
+    except web.HTTPRequestEntityTooLarge as error:
+        service.metrics.jobs_rejected.labels("too_large").inc()
+        return _error(413, f"body larger than the limit of {error.max_size} bytes")
+    except web.HTTPException as error:
+        if error.status >= 400:
+            return _error(error.status, error.reason)
+        raise
+
+
+def _job_id(request: web.Request) -> int:
+    text = request.match_info["id"]
+    if not text.isdigit():
+        raise ServeError(404, f"no job {text!r}", "not_found")
+    return int(text)
+
+
+async def _run(function: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    if not service.accepting:  # before reading a body that would be refused anyway
+        raise ServeError(503, "the daemon is shutting down", "shutting_down")
+    graph = request.query.get("graph")
+    if not graph:
+        raise ServeError(400, "missing ?graph=NAME (see GET /v1/graphs)", "unknown_graph")
+    limit = service.config.limits["max_body_bytes"]
+    if request.content_length is not None and request.content_length > limit:
+        raise ServeError(413, f"body of {request.content_length} bytes, more than the limit "
+                         f"of {limit}", "too_large")
+    body = await request.read()
+    job_id = await _run(service.accept, graph, body, request.content_type or "")
+    url = f"/v1/jobs/{job_id}"
+    return web.json_response({"id": job_id, "state": "queued", "url": url}, status=202,
+                             headers={"Location": url})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = _job_id(request)
+    try:
+        wait_s = min(MAX_WAIT_S, max(0.0, float(request.query.get("wait", "0"))))
+    except ValueError:
+        raise ServeError(400, f"?wait= expects seconds, got {request.query['wait']!r}",
+                         "bad_input") from None
+    event = asyncio.Event()
+    waiters: dict[int, set[asyncio.Event]] = request.app[_WAITERS]
+    if wait_s > 0:  # registered before the first read: a result cannot slip between
+        waiters.setdefault(job_id, set()).add(event)
+    try:
+        document = await _run(service.job_document, job_id)
+        if document is not None and wait_s > 0 and not service.is_final(document):
+            try:
+                await asyncio.wait_for(event.wait(), wait_s)
+            except TimeoutError:
+                pass
+            document = await _run(service.job_document, job_id)
+    finally:
+        if wait_s > 0:
+            waiting = waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del waiters[job_id]
+    if document is None:
+        raise ServeError(404, f"no job {job_id}", "not_found")
+    return web.json_response(document)
+
+
+async def get_outputs(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = _job_id(request)
+    document = await _run(service.job_document, job_id)
+    if document is None:
+        raise ServeError(404, f"no job {job_id}", "not_found")
+    if not service.is_final(document):
+        raise ServeError(409, f"job {job_id} has not ended (it is {document['state']})",
+                         "not_ended")
+    data = await _run(service.outputs_npz, job_id)
+    if data is None:
+        raise ServeError(404, f"job {job_id} has no outputs (it ended {document['state']})",
+                         "no_outputs")
+    return web.Response(body=data, content_type="application/x-npz",
+                        headers={"Content-Disposition":
+                                 f'attachment; filename="job-{job_id}-outputs.npz"'})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = _job_id(request)
+    state = await _run(service.cancel, job_id)
+    if state != "cancelling":
+        raise ServeError(409, f"job {job_id} already ended ({state})", "ended")
+    return web.json_response({"id": job_id, "state": "cancelling",
+                              "url": f"/v1/jobs/{job_id}"}, status=202)
+
+
+async def list_graphs(request: web.Request) -> web.Response:
+    config = request.app[_SERVICE].config
+    graphs = {}
+    for name, graph in config.graphs.items():
+        graphs[name] = {
+            "description": graph.description,
+            "networks": {node.name: {"after": list(node.after),
+                                     "conditional": bool(node.when),
+                                     "input": ("transform" if node.transform is not None
+                                               else "preprocess" if node.name in graph.preprocess
+                                               else "job input")}
+                         for node in graph.workload.nodes}}
+    return web.json_response({"context": config.context, "graphs": graphs})
+
+
+async def list_networks(request: web.Request) -> web.Response:
+    config = request.app[_SERVICE].config
+    networks = {}
+    for name, manifest in config.manifests.items():
+        costs = [stage_costs(stage) for stage in manifest.stages]
+        networks[name] = {
+            "stages": len(manifest.stages),
+            "weight_bytes": sum(stage.weight_bytes for stage in manifest.stages),
+            "resident_bytes": sum(cost.resident_bytes for cost in costs),
+            "largest_task_bytes": largest_task_bytes(manifest),
+            "profiled": not any(cost.estimated for cost in costs),
+            "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+                       for t in manifest.inputs],
+            "outputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+                        for t in manifest.outputs],
+        }
+    return web.json_response({"networks": networks})
+
+
+async def status(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    return web.json_response({
+        "accepting": service.accepting, "active_jobs": service.active_jobs(),
+        "memory_budget_bytes": service.budget_bytes, "budget": service.budget_how,
+        "reserved_bytes": service.state.ledger.reserved_bytes,
+        "peak_reserved_bytes": service.peak_reserved_bytes,
+        "over_budget_violations": service.violations,
+        "scheduler_state": service.state_sizes(),
+        "policy": service.config.policy, "context": service.config.context,
+        "workers": service.config.workers})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    document = await _run(readiness, request.app[_SERVICE])
+    return web.json_response(document, status=200 if document["ready"] else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[_SERVICE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+def make_app(service: Service) -> web.Application:
+    """The application; long-poll waiters are woken from the service's journal thread."""
+    app = web.Application(middlewares=[_guard],
+                          client_max_size=service.config.limits["max_body_bytes"])
+    app[_SERVICE] = service
+    app[_TOKEN] = read_token(service.config)
+    waiters: dict[int, set[asyncio.Event]] = {}
+    app[_WAITERS] = waiters
+
+    async def wire_waiters(app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+
+        def wake(job_id: int) -> None:
+            for event in list(waiters.get(job_id, ())):
+                event.set()
+
+        service.on_final.append(lambda job_id: loop.call_soon_threadsafe(wake, job_id))
+
+    app.on_startup.append(wire_waiters)
+    app.add_routes([
+        web.post("/v1/jobs", submit_job),
+        web.get("/v1/jobs/{id}", get_job),
+        web.delete("/v1/jobs/{id}", cancel_job),
+        web.get("/v1/jobs/{id}/outputs.npz", get_outputs),
+        web.get("/v1/graphs", list_graphs),
+        web.get("/v1/networks", list_networks),
+        web.get("/v1/status", status),
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/metrics", metrics),
+        web.get("/openapi.json", openapi),
+    ])
+    return app
+
+
+async def _serve(service: Service) -> None:
+    config = service.config
+    runner = web.AppRunner(make_app(service), access_log=None)
+    await runner.setup()
+    if config.unix_socket is not None:
+        site: web.BaseSite = web.UnixSite(runner, str(config.unix_socket))
+    else:
+        site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {config.url}: {error.strerror}") from None
+    url = config.url
+    if config.unix_socket is None:
+        host, port = runner.addresses[0][:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    # One line on stdout that scripts and tests read for the bound address.
+    print(f"masa serve: listening on {url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping: no new jobs; waiting up to %.0f s for %d accepted job(s)",
+             config.shutdown_grace_s, service.active_jobs())
+    service.stop_accepting()
+    finished = await _run(service.drain, config.shutdown_grace_s)
+    if not finished:
+        log.warning("%d job(s) still unfinished: they stay queued in the journal and run "
+                    "at the next start", service.active_jobs())
+    await runner.cleanup()
+
+
+def serve(service: Service) -> int:
+    """Run the HTTP server until SIGTERM or SIGINT; 0 after a clean stop."""
+    try:
+        asyncio.run(_serve(service))
+    finally:
+        service.close()
+    print("masa serve: stopped", file=sys.stderr, flush=True)
+    return 0
