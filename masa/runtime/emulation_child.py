@@ -1,0 +1,120 @@
+"""The child process of an emulated run: `python -m masa.runtime.emulation_child SPEC.json`.
+
+masa.runtime.emulation starts it inside the device's cgroups. It owns the
+order of one emulated run: prepare the run (the start-up checks: manifests,
+stage files by size and modification time, each network's version pinned),
+warm ONNX Runtime up and measure the runtime's own memory (the budget defaults
+to the device's cap less that base), evict the store's files from the page
+cache (a cold device), then execute, writing one progress line per ended job
+so that a kill still tells the parent what finished. The outcome is pickled
+for the parent; a failure before the run is written as an `error CODE MESSAGE`
+line (exit 2 for bad input, 1 otherwise). With `measure_only` in the spec it
+stops before the first job (a benchmark's way to measure the base).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from masa.common.atomic import atomic_write_bytes
+from masa.common.errors import EXIT_FAILED, EXIT_USAGE, RunFailed, UserError, one_line
+from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
+from masa.runtime.driver import Observer
+from masa.runtime.emulation import evict_files
+from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
+from model_prep.manifest import MANIFEST_NAME, NetworkManifest
+from model_prep.session import release_memory, warm_up
+
+
+class _JobProgress(Observer):
+    """One flushed line per ended job: what the parent reports if the run is killed."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def job_ended(self, job_id: int, now_us: int) -> None:
+        self.stream.write(f"job {job_id} {now_us}\n")
+        self.stream.flush()
+
+
+def network_files(manifests: Iterable[NetworkManifest]) -> list[Path]:
+    """Every file of the networks: manifests, stage files and their data files."""
+    files = []
+    for manifest in manifests:
+        files.append(manifest.directory / MANIFEST_NAME)
+        for stage in manifest.stages:
+            files.append(manifest.stage_path(stage))
+            files.append(manifest.directory / stage.data_file)
+    return files
+
+
+def runtime_base_bytes() -> int:
+    """The process's own memory before any job: its memory cgroup's usage (what the
+    cap binds), or its resident size outside one."""
+    warm_up()
+    release_memory()
+    cgroup = find_memory_cgroup()
+    return read_cgroup_memory(cgroup).usage_bytes if cgroup is not None else rss_bytes()
+
+
+def _check_versions(prepared: PreparedRun, expected: dict[str, str]) -> None:
+    pinned = prepared.network_versions
+    changed = sorted(name for name, version in expected.items()
+                     if pinned.get(name, version) != version)
+    if changed:
+        raise RunFailed(f"network(s) {', '.join(changed)} were prepared again since the "
+                        "comparison began; its runs would mix versions: run it again")
+
+
+def _run(spec: dict[str, Any], progress: IO[str]) -> None:
+    for plugin in spec.get("plugins", []):
+        from workloads.conditions import load_plugin
+
+        load_plugin(plugin)
+    prepared = prepare_run(spec["workload"], spec["store"], spec["context"],
+                           job_limit=spec.get("job_limit"))
+    _check_versions(prepared, spec.get("network_versions") or {})
+    base_bytes = runtime_base_bytes()
+    settings = dict(spec["settings"])
+    if settings.get("memory_budget_bytes") is None:
+        settings["memory_budget_bytes"] = spec["memory_cap_bytes"] - base_bytes
+        if settings["memory_budget_bytes"] <= 0:
+            raise UserError(f"the device's memory cap ({spec['memory_cap_bytes']} bytes) "
+                            f"leaves nothing beyond the runtime's base ({base_bytes} bytes)")
+    evicted = evict_files(network_files(prepared.manifests.values())) \
+        if spec.get("cold_cache") else 0
+    progress.write(f"begin {time.monotonic()} {settings['memory_budget_bytes']} "
+                   f"{base_bytes} {evicted}\n")
+    progress.flush()
+    if spec.get("measure_only"):  # the runtime's base for this workload, no jobs
+        return
+    outcome = execute(prepared, RunSettings(**settings), simulate=False,
+                      observers=[_JobProgress(progress)])
+    atomic_write_bytes(spec["outcome_path"], pickle.dumps(outcome))
+
+
+def main(argv: Sequence[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    logging.basicConfig(level=spec.get("log_level", logging.WARNING),
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    with open(spec["progress_path"], "a", buffering=1) as progress:
+        try:
+            _run(spec, progress)
+        except RunFailed as error:
+            progress.write(f"error {EXIT_FAILED} {one_line(error)}\n")
+            return EXIT_FAILED
+        except (UserError, ValueError) as error:
+            progress.write(f"error {EXIT_USAGE} {one_line(error)}\n")
+            return EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

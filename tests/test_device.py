@@ -1,0 +1,278 @@
+"""Devices as data and their emulation (issue 12): presets, errors, cgroups, kills.
+
+The emulation tests need root and writable cgroups (memory, and blkio for the
+throttle); elsewhere they skip and say why. They assert behaviour and ratios
+of measured figures, never wall-clock limits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from masa.cli.main import main as masa_main
+from masa.common.errors import UserError, ValidationError
+from masa.runtime import emulation
+from masa.runtime.device import device_from_dict, load_device, preset_names
+from masa.runtime.emulation import (
+    GROUP_PREFIX,
+    EmulatedRun,
+    _mounts,
+    cgroup_layout,
+    check_emulation,
+    run_emulated,
+)
+from model_prep.manifest import load_manifest
+from model_prep.prepare_cli import prepare_network
+from workloads.generation import generate_jobs
+from workloads.loader import load_workload
+
+# ---------------------------------------------------------------- devices as data
+
+
+def test_every_preset_loads_with_a_cap_below_its_memory() -> None:
+    assert {"pi3b-1g", "pi4-1g", "pi4-2g", "pi4-4g", "jetson-nano"} <= set(preset_names())
+    for name in preset_names():
+        device = load_device(name)
+        assert device.name == name
+        assert 0 < device.memory_cap_bytes < device.memory_bytes
+        assert device.read_bytes_per_s and device.cores >= 1
+    pi4 = load_device("pi4-2g")
+    assert pi4.memory_bytes == 2 * 2**30 and pi4.read_bytes_per_s == 44_000_000
+    assert pi4.default_budget_bytes(60 * 2**20) == pi4.memory_cap_bytes - 60 * 2**20
+
+
+def test_a_device_file_with_every_problem_listed(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmemory: lots\nreserved: 1GiB\nstorage: {read: fast}\n"
+                   "cores: 0\ncolour: red\n")
+    with pytest.raises(ValidationError) as caught:
+        load_device(bad)
+    text = "; ".join(caught.value.problems)
+    for expected in ("at 'colour': unknown field", "at 'memory': expected a size",
+                     "at 'storage.read': expected a bandwidth", "at 'cores': expected a "
+                     "positive integer"):
+        assert expected in text
+    with pytest.raises(UserError, match="neither a device file nor a preset"):
+        load_device("pi9")
+    device = device_from_dict({"name": "t", "memory": "200MiB", "storage": None}, "t.yaml")
+    assert device.read_bytes_per_s is None and device.cold_cache
+
+
+def test_without_root_the_error_names_what_is_missing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match="needs root"):
+        check_emulation(load_device("pi4-1g"), tmp_path)
+    code = masa_main(["run", "small", "--store", str(tmp_path), "--device", "pi4-1g"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs root" in err[0]
+
+
+def test_mountinfo_parsing_finds_v1_controllers_and_v2() -> None:
+    text = ("35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+            "38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio\n"
+            "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    v1, v2 = _mounts(text)
+    assert v1["memory"] == Path("/sys/fs/cgroup/memory") and "blkio" in v1
+    assert v2 == Path("/sys/fs/cgroup/unified")
+
+
+# ---------------------------------------------------------------- emulation
+
+
+def _why_no_emulation() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create cgroups"
+    layout = cgroup_layout()
+    if layout is None or "memory" not in layout.parents:
+        return "no memory cgroup controller mounted"
+    if not os.access(layout.parents["memory"], os.W_OK):
+        return f"cannot write {layout.parents['memory']}"
+    if "blkio" not in layout.parents:
+        return "no blkio/io controller for the storage throttle"
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(_why_no_emulation() is not None,
+                                   reason=str(_why_no_emulation()))
+
+
+def fc_chain(seed: int, layers: int, rows: int, cols: int) -> onnx.ModelProto:
+    """x (1 x rows) -> `layers` MatMul (rows x cols, then cols x cols ...) + Relu."""
+    rng = np.random.default_rng(seed)
+    nodes, initializers, current, width = [], [], "x", rows
+    for index in range(layers):
+        weight = numpy_helper.from_array(
+            (rng.standard_normal((width, cols)) / np.sqrt(width)).astype(np.float32), f"w{index}")
+        initializers.append(weight)
+        nodes.append(helper.make_node("MatMul", [current, f"w{index}"], [f"m{index}"]))
+        current = "y" if index == layers - 1 else f"r{index}"
+        nodes.append(helper.make_node("Relu", [f"m{index}"], [current]))
+        width = cols
+    graph = helper.make_graph(
+        nodes, "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _prepare(tmp_path: Path, store: Path, name: str, model: onnx.ModelProto, **options: object
+             ) -> None:
+    path = tmp_path / f"{name}.onnx"
+    onnx.save_model(model, str(path))
+    prepare_network(path, store, name, **options)
+
+
+def _device(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "device.yaml"
+    path.write_text(text)
+    return path
+
+
+def _spec(workload: Path, store: Path, policy: str, **extra: object) -> dict:
+    return {"workload": str(workload), "store": str(store), "context": "oblivious",
+            "job_limit": None, **extra,
+            "settings": {"policy": policy, "workers": 2, "memory_budget_bytes": None,
+                         "memory_source": "model"}}
+
+
+def _groups_left(pid: int) -> list[Path]:
+    layout = cgroup_layout()
+    assert layout is not None
+    return [group for parent in set(layout.parents.values())
+            for group in parent.glob(f"{GROUP_PREFIX}{pid}-*")]
+
+
+@needs_cgroups
+def test_a_cold_load_through_a_20_mb_s_throttle_takes_size_over_20_mb_s(
+        tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    # One 16 MiB fc stage, its weights in the mapped data file (load mode mmap).
+    _prepare(tmp_path, store, "big", fc_chain(0, 1, 2048, 2048), profile=False)
+    manifest = load_manifest(store / "big")
+    stage = manifest.stages[0]
+    size_bytes = sum((store / "big" / name).stat().st_size
+                     for name in (stage.file, stage.data_file))
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [big]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 1, count: 1}\n")
+    device = load_device(_device(tmp_path, "name: slow-card\nmemory: 1GiB\n"
+                                           "storage: {read: 20MB/s}\ncores: 1\n"))
+    run = run_emulated(check_emulation(device, store), _spec(workload, store, "masa"))
+    assert run.status == "finished", run.reason
+    assert run.evicted_bytes >= size_bytes
+    load = next(t for t in run.outcome.schedule if t.task_id.endswith("/load"))
+    expected_s = size_bytes / 20e6
+    assert 0.8 <= (load.end_us - load.start_us) / 1e6 / expected_s <= 1.2
+    assert run.bytes_read >= 0.9 * size_bytes  # from storage, not the page cache
+    assert _groups_left(os.getpid()) == []
+
+
+def _job_mix_seed(workload_text: str, path: Path) -> int:
+    """A seed whose first jobs run `small` and a later one `big` (composition one)."""
+    for seed in range(200):
+        path.write_text(workload_text.format(seed=seed))
+        jobs = list(generate_jobs(load_workload(path)))
+        if [j.networks for j in jobs] == [("small",), ("small",), ("big",)]:
+            return seed
+    raise AssertionError("no seed gives small, small, big")
+
+
+@needs_cgroups
+@pytest.mark.slow
+def test_bulk_is_killed_with_the_jobs_before_and_masa_finishes_under_the_same_cap(
+        tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    # Copied weights (anonymous memory, which the cap cannot reclaim): `big` holds
+    # 8 x 8 MiB when loaded whole, as Bulk does; Masa loads a few stages at a time.
+    _prepare(tmp_path, store, "big", fc_chain(1, 8, 1448, 1448), load_mode="copy",
+             profile_runs=1)
+    _prepare(tmp_path, store, "small", fc_chain(2, 2, 256, 256), load_mode="copy",
+             profile_runs=1)
+    workload = tmp_path / "w.yaml"
+    seed = _job_mix_seed("graph: [small, big]\ninput: random\ncomposition: one\n"
+                         "arrivals: {{kind: periodic, interval_ms: 300, count: 3, "
+                         "seed: {seed}}}\n", workload)
+    assert seed >= 0
+    # Cap: the runtime's base (about 35 MiB here) + 48 MiB; Bulk needs 64 MiB + base.
+    device = load_device(_device(tmp_path, "name: tiny\nmemory: 84MiB\nstorage: null\n"
+                                           "cold_cache: false\ncores: 2\n"))
+    plan = check_emulation(device, store)
+    bulk = run_emulated(plan, _spec(workload, store, "bulk"))
+    assert bulk.status == "killed" and bulk.oom_kills >= 1, bulk.as_dict()
+    assert "out of memory" in (bulk.reason or "")
+    assert [job for job, _ in bulk.jobs_finished] == [0, 1]  # the two small jobs
+    assert bulk.run_time_s is not None and bulk.run_time_s > 0
+    masa = run_emulated(plan, _spec(workload, store, "masa"))
+    assert masa.status == "finished", masa.as_dict()
+    assert masa.oom_kills == 0
+    assert set(masa.outcome.network_status.values()) == {"done"}
+    assert masa.peak_cgroup_bytes <= device.memory_cap_bytes
+    assert _groups_left(os.getpid()) == []
+
+
+@needs_cgroups
+def test_ctrl_c_kills_the_run_and_leaves_no_cgroup(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _prepare(tmp_path, store, "big", fc_chain(0, 1, 1024, 2048), profile=False)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [big]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 1, count: 1}\n")
+    # 8 MiB at 200 kB/s: the LOAD takes about 40 s, Ctrl-C comes long before.
+    device = _device(tmp_path, "name: stuck\nmemory: 1GiB\nstorage: {read: 200kB/s}\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "masa", "run", str(workload), "--store", str(store),
+         "--device", str(device)], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if _groups_left(parent.pid) and _children(parent.pid):
+                break
+            time.sleep(0.05)
+        child = _children(parent.pid)
+        assert child, "the emulated run did not start"
+        parent.send_signal(signal.SIGINT)
+        _, err = parent.communicate(timeout=60)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert parent.returncode == 130, err
+    assert not Path(f"/proc/{child[0]}").exists() or _zombie(child[0])
+    assert _groups_left(parent.pid) == []
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [int(p) for p in path.read_text().split()]
+    except OSError:
+        return []
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_failed_child_reports_its_one_line_error(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    run = EmulatedRun(device={}, status="failed")
+    progress = tmp_path / "progress"
+    progress.write_text("begin 10.0 100 50 7\njob 0 1500\nerror 2 bad: input here\n")
+    run.run_time_s = 12.5
+    emulation._read_progress(progress, run)
+    assert run.error_code == 2 and run.reason == "bad: input here"
+    assert run.jobs_finished == [(0, 1500)] and run.run_time_s == 2.5
+    assert (run.memory_budget_bytes, run.runtime_base_bytes, run.evicted_bytes) == (100, 50, 7)
