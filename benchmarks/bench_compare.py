@@ -19,7 +19,9 @@ job. Simulations also sweep rho, because "who wins" depends on it.
 Run:  python benchmarks/bench_compare.py --store /work/zoo1
       python benchmarks/bench_compare.py --store /tmp/benchstore --simulate-only
 The helpers (scenario_jobs, run_policies, machine_note, ...) are shared with
-benchmarks/bench_context.py.
+benchmarks/bench_context.py and benchmarks/bench_grid.py (issue 14's grid: job
+order, slicing, p90/p99, 2 -> 4 workers, simulation only), whose section of
+docs/bench-compare.md this script keeps when it rewrites the page.
 """
 
 from __future__ import annotations
@@ -554,7 +556,16 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
                             "0 busy s", "peak rsv MiB", "load avg"], diagnosis_rows(rows)),
             "",
         ]
-    atomic_write_text(path, "\n".join(lines))
+    atomic_write_text(path, "\n".join(lines[:1] + kept_grid_section(path) + lines[1:]))
+
+
+def kept_grid_section(path: Path) -> list[str]:
+    """benchmarks/bench_grid.py's section of the page, kept when this rewrites it."""
+    page = path.read_text() if path.is_file() else ""
+    start, end = "<!-- grid:start -->", "<!-- grid:end -->"
+    if start not in page or end not in page:
+        return []
+    return ["", page[page.index(start):page.index(end) + len(end)]]
 
 
 def analysis_lines(args: argparse.Namespace) -> list[str]:

@@ -37,36 +37,41 @@ READY_COUNTS = (10, 100, 1000)
 POLICIES = ("masa", "bulk", "deepeye")
 
 
-def ready_graph(count: int, rng: np.random.Generator, prefix: str) -> TaskGraph:
-    """`count` independent tasks, half EXEC and half LOAD, in a few groups."""
+def ready_graph(count: int, rng: np.random.Generator, prefix: str, jobs: int = 1) -> TaskGraph:
+    """`count` independent tasks, half EXEC and half LOAD, in a few groups, spread over
+    `jobs` jobs (with more jobs than workers + 1, masa's job order decides)."""
     tasks: list[Task] = []
     locks: list[Lock] = []
     for index in range(count):
         kind = TaskKind.EXEC if index % 2 else TaskKind.LOAD
         task_id = f"{prefix}{index}"
         memory_bytes = int(rng.integers(1, 1000))
-        tasks.append(Task(task_id, kind, 10, memory_bytes if kind is TaskKind.EXEC else 0,
-                          order=(index % 7, index % 3, index), group=f"{prefix}g{index % 7}",
+        job = index % jobs
+        duration_us = 10 if jobs == 1 else 10 + int(rng.integers(0, 1000))
+        tasks.append(Task(task_id, kind, duration_us,
+                          memory_bytes if kind is TaskKind.EXEC else 0,
+                          release_us=job * 100, order=(index % 7, index % 3, index),
+                          group=f"{prefix}g{index % 7}", job_id=job,
                           layer_type="fc" if index % 3 == 0 else "conv"))
         if kind is TaskKind.LOAD:
             locks.append(Lock(f"{task_id}#r", task_id, (task_id,), memory_bytes))
     return TaskGraph(tasks=tuple(tasks), locks=tuple(locks))
 
 
-def decision_costs_us(policy: str, ready: int, decisions: int, seed: int) -> tuple[
-        list[float], list[float]]:
+def decision_costs_us(policy: str, ready: int, decisions: int, seed: int, jobs: int = 1
+                      ) -> tuple[list[float], list[float]]:
     """Per-decision select() and finish() times with about `ready` tasks ready."""
     rng = np.random.default_rng(seed)
     select_us: list[float] = []
     finish_us: list[float] = []
     # A budget everything fits in: the common case where the first heap decides.
     state = new_state(1, 10**9, make_policy(policy))
-    add_tasks(state, ready_graph(ready, rng, "a"))
+    add_tasks(state, ready_graph(ready, rng, "a", jobs))
     batch = 0
     while len(select_us) < decisions:
         # Keep the ready set near `ready`: top up whenever half of it is gone.
         batch += 1
-        add_tasks(state, ready_graph(ready // 2 or 1, rng, f"b{batch}_"))
+        add_tasks(state, ready_graph(ready // 2 or 1, rng, f"b{batch}_", jobs))
         for _ in range(max(1, ready // 2)):
             start = time.perf_counter_ns()
             dispatches = select(state)
@@ -166,8 +171,9 @@ def admission_rows(jobs: int) -> list[str]:
         for budget_mib in (24, 32, 128):
             for label, policy in (
                     ("paper", MasaPolicy(admission=False, headroom=False)),
-                    ("admission", MasaPolicy(admission=True, headroom=False)),
-                    ("admission+headroom", MasaPolicy())):
+                    ("admission", MasaPolicy(admission=True, headroom=False, job_order=False)),
+                    ("admission+headroom", MasaPolicy(job_order=False)),
+                    ("+job order (masa)", MasaPolicy())):
                 result = simulate_graph(graph, policy=policy, workers=2,
                                         memory_budget_bytes=budget_mib << 20)
                 ends: dict[int, int] = {}
@@ -226,10 +232,12 @@ def mean_response_ms(graph: TaskGraph, schedule: tuple) -> float:
 
 
 def random_rows() -> list[str]:
-    """The three masa variants on tight random workloads (30 jobs, budgets of 1-3 stages)."""
+    """The masa variants on tight random workloads (30 jobs, budgets of 1-3 stages)."""
     variants = (("paper", lambda: MasaPolicy(admission=False, headroom=False)),
-                ("admission", lambda: MasaPolicy(admission=True, headroom=False)),
-                ("admission+headroom", MasaPolicy))
+                ("admission", lambda: MasaPolicy(admission=True, headroom=False,
+                                                 job_order=False)),
+                ("admission+headroom", lambda: MasaPolicy(job_order=False)),
+                ("+job order (masa)", MasaPolicy))
     rows: list[str] = []
     for interval_us in (100, 400):
         for budget_bytes in (60, 100, 200):
@@ -269,6 +277,14 @@ def main() -> None:
             print(f"{policy:<12} {ready:>6} {p50:>14.2f} {p95:>8.2f} {f50:>14.2f}")
             rows.append(f"| {policy} | {ready} | {p50:.2f} | {p95:.2f} | {f50:.2f} |")
     for ready in READY_COUNTS:
+        # 50 jobs with work: the job order decides (issue 14), footprint order behind it.
+        select_us, finish_us = decision_costs_us("masa", ready, decisions, seed=ready, jobs=50)
+        p50, p95 = statistics.median(select_us), float(np.percentile(select_us, 95))
+        f50 = statistics.median(finish_us)
+        print(f"{'masa-jobs':<12} {ready:>6} {p50:>14.2f} {p95:>8.2f} {f50:>14.2f}")
+        rows.append(f"| masa, 50 jobs (job order) | {ready} | {p50:.2f} | {p95:.2f} | "
+                    f"{f50:.2f} |")
+    for ready in READY_COUNTS:
         costs = masa_tight_costs_us(ready, decisions // 4, seed=ready)
         p50 = statistics.median(costs)
         p95 = float(np.percentile(costs, 95))
@@ -299,7 +315,9 @@ def main() -> None:
         "task is timed separately. N tasks are ready (half EXEC, half LOAD, seeded random "
         "footprints), topped up as they are consumed. `masa, EXECs do not fit`: every "
         "EXEC is larger than free memory, so each decision looks at both heaps and "
-        "dispatches a LOAD. Target: median <= 20 us at 1,000 ready tasks.",
+        "dispatches a LOAD. `masa, 50 jobs (job order)`: the tasks belong to 50 jobs "
+        "with random durations, so masa's job order decides (its own pair of heaps, then "
+        "the footprint heaps). Target: median <= 20 us at 1,000 ready tasks.",
         "",
         "| policy | ready tasks | select median (us) | select p95 (us) | finish median (us) |",
         "|---|---:|---:|---:|---:|",
@@ -327,8 +345,10 @@ def main() -> None:
         "`paper` is Algorithm 1 as published (`MasaPolicy(admission=False, "
         "headroom=False)`); `admission` starts a new network only if the smallest "
         "waiting LOAD of the started networks would still fit next to it; "
-        "`admission+headroom` (the default `masa`) also keeps room for the largest EXEC "
-        "of a loaded stage when it admits a LOAD (docs/scheduling.md). Mean response = "
+        "`admission+headroom` (masa before issue 14) also keeps room for the largest EXEC "
+        "of a loaded stage when it admits a LOAD; `+job order (masa)` (the default `masa`) "
+        "adds the job order: once more jobs than workers have work, the most urgent job's "
+        "EXEC or LOAD first (docs/scheduling.md). Mean response = "
         "job finish - arrival. Under overload the queue grows without bound whatever the "
         "policy.",
         "",
@@ -345,8 +365,9 @@ def main() -> None:
         "reserved bytes (max over seeds) / mean job response in us (mean over seeds). "
         "Some stages alone exceed a 60-byte budget, so over-commits there are unavoidable.",
         "",
-        "| interval (us) | budget (bytes) | paper | admission | admission+headroom |",
-        "|---:|---:|---|---|---|",
+        "| interval (us) | budget (bytes) | paper | admission | admission+headroom | "
+        "+job order (masa) |",
+        "|---:|---:|---|---|---|---|",
         *rand_rows,
         "",
     ])

@@ -7,17 +7,26 @@ it against CP-SAT's proven optimum, masa.sched.checker and the greedy `masa`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
 from sched_graphs import chain_network, merge
 
-from masa.runtime.planning import PlanningPolicy, RankedPolicy, plan_rank, residual_graph
+from masa.runtime.planning import (
+    PlanningPolicy,
+    RankedPolicy,
+    ThreadPlanner,
+    plan_rank,
+    residual_graph,
+)
 from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
-from masa.sched.core import add_tasks, finish, new_state, select
+from masa.sched.core import add_tasks, finish, is_finished, new_state, select
 from masa.sched.taskgraph import TaskGraph
 from solver.instance import RandomSpec, random_instance
 from solver.options import SolveOptions
@@ -133,3 +142,66 @@ def test_masa_optimal_compares_the_policy_it_is_asked_for(capsys: pytest.Capture
     assert reports["masa"]["heuristic_makespan"] > optimum
     assert reports["masa-plan"]["heuristic_makespan"] == optimum
     assert reports["masa-plan"]["heuristic_check"] == []
+
+
+class _ManualPlanner:
+    """A background planner whose search runs only when the test says so."""
+
+    def __init__(self) -> None:
+        self.searches: list = []
+        self.futures: list[Future] = []
+
+    def submit(self, search):  # noqa: ANN001, ANN201 - the Planner protocol
+        future: Future = Future()
+        self.searches.append(search)
+        self.futures.append(future)
+        return future
+
+    def complete(self) -> None:
+        """Run the pending searches now (what the background thread would do)."""
+        for search, future in zip(self.searches, self.futures, strict=True):
+            if not future.done():
+                future.set_result(search(None))
+
+
+def test_dispatches_continue_while_a_plan_is_computed() -> None:
+    graph = merge([chain_network(job, 0, [30, 20]) for job in range(3)])
+    planner = _ManualPlanner()
+    policy = PlanningPolicy(iterations=40, planner=planner)
+    state = new_state(2, 200, policy)
+    add_tasks(state, graph)
+    started = select(state)
+    # The plan was submitted, not computed, and both workers got work anyway.
+    assert policy.plans == 1 and not planner.futures[0].done()
+    assert len(started) == 2 and policy.greedy_picks >= 2
+    finish(state, started[0].task_id)
+    meanwhile = select(state)
+    assert len(meanwhile) == 1  # still deciding while the plan is pending
+    planner.complete()
+    dispatched = [d.task_id for d in started + meanwhile]
+    while not is_finished(state):
+        running = [tid for tid, info in state.tasks.items() if info.state.value == "running"]
+        for task_id in running[:1]:
+            finish(state, task_id)
+        dispatched += [d.task_id for d in select(state)]
+    assert policy.plans == 1 and sorted(set(dispatched)) == sorted(t.task_id for t in graph.tasks)
+    assert state.over_commits == []
+
+
+def test_a_time_budget_ends_the_search_with_the_best_order_so_far() -> None:
+    """A fake clock that moves 1 s per reading: a 5 s budget allows a few steps only."""
+    graph = merge([chain_network(job, 0, [30, 20, 10]) for job in range(3)])
+    ticks = itertools.count()
+    planner = ThreadPlanner(time_budget_s=5.0, clock=lambda: float(next(ticks)))
+    readings_before = next(ticks)
+    future = planner.submit(functools.partial(
+        lambda stop: plan_rank(graph, workers=2, memory_bytes=120, iterations=10_000,
+                               rng=np.random.default_rng(0), should_stop=stop)))
+    plan = future.result(timeout=60)
+    planner.close()
+    # Each mode reads the clock once per step until the deadline, then once more.
+    assert next(ticks) - readings_before <= 2 * 7
+    assert set(plan.rank) == {task.task_id for task in graph.tasks}
+    unlimited = plan_rank(graph, workers=2, memory_bytes=120, iterations=0,
+                          rng=np.random.default_rng(0))
+    assert plan.cost <= unlimited.cost  # at least the best rule-based order

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from itertools import permutations
 
+import numpy as np
 import pytest
 from sched_graphs import chain_network, merge, single
 
@@ -354,3 +355,72 @@ def test_the_core_and_the_checker_reject_a_policy_that_ignores_memory() -> None:
     assert {o.reason for o in masa.over_commits} <= {"progress"}
     assert check_schedule(graph, masa.schedule, workers=2, memory_budget_bytes=60,
                           allowed_over_commits=[o.task_id for o in masa.over_commits]) == []
+
+
+def _response_us(graph: TaskGraph, schedule: tuple) -> dict[int, int]:
+    release = {task.job_id: task.release_us for task in graph.tasks}
+    job_of = {task.task_id: task.job_id for task in graph.tasks}
+    finish_us: dict[int, int] = {}
+    for entry in schedule:
+        finish_us[job_of[entry.task_id]] = max(finish_us.get(job_of[entry.task_id], 0),
+                                               entry.end_us)
+    return {job: end - release[job] for job, end in finish_us.items()}
+
+
+def test_masa_job_order_serves_the_shortest_job_first_once_jobs_queue() -> None:
+    """Four jobs queue on one worker: job 3 has the least work but the largest
+    footprint, so smallest-first serves it last; the job order serves it first."""
+    graph = merge([chain_network(job, 0, [10, 10], load_us=100, exec_us=100)
+                   for job in range(3)]
+                  + [chain_network(3, 0, [40], load_us=10, exec_us=10)])
+    greedy = simulate_graph(graph, policy=MasaPolicy(job_order=False), workers=1,
+                            memory_budget_bytes=1_000)
+    ordered = simulate_graph(graph, workers=1, memory_budget_bytes=1_000)
+    assert greedy.dispatch_order[0] != "j3/n0/s0/load"
+    assert ordered.dispatch_order[:2] == ("j3/n0/s0/load", "j3/n0/s0/exec")
+    # ...and finishes each job before starting the next (no interleaving).
+    jobs = [task_id.split("/")[0] for task_id in ordered.dispatch_order]
+    assert jobs == sorted(jobs, key=lambda job: (job != "j3", job))
+    assert sum(_response_us(graph, ordered.schedule).values()) < sum(
+        _response_us(graph, greedy.schedule).values())
+
+
+def test_masa_job_order_ages_waiting_jobs() -> None:
+    """A long job that arrived long before short ones goes first once aged enough."""
+    graph = merge([chain_network(0, 0, [10], load_us=500, exec_us=500)]
+                  + [chain_network(job, 0, [10], load_us=50, exec_us=50, release_us=2_000)
+                     for job in (1, 2, 3)])
+    state = new_state(1, 1_000, MasaPolicy(ageing=1.0, queue_jobs=1))
+    add_tasks(state, graph)
+    # Job 0: 1,000 us of work, released at 0 -> key 1,000; the others 100 + 2,000.
+    assert [d.task_id for d in select(state)] == ["j0/n0/s0/load"]
+    state = new_state(1, 1_000, MasaPolicy(ageing=0.0, queue_jobs=1))
+    add_tasks(state, graph)
+    assert [d.task_id for d in select(state)] == ["j1/n0/s0/load"]  # no ageing: shortest
+
+
+def test_masa_job_order_leaves_a_short_queue_to_smallest_first() -> None:
+    graph = merge([chain_network(job, 0, [30, 5, 20], release_us=job * 40) for job in range(2)])
+    ordered = simulate_graph(graph, workers=2, memory_budget_bytes=80)
+    greedy = simulate_graph(graph, policy=MasaPolicy(job_order=False), workers=2,
+                            memory_budget_bytes=80)
+    assert ordered.dispatch_order == greedy.dispatch_order  # 2 jobs < workers + 1
+    assert make_policy("masa").job_order and not make_policy("masa-paper").job_order
+
+
+def test_masa_job_order_keeps_the_memory_rules_under_overload() -> None:
+    graph = merge([chain_network(job, n, [4, 5, 6, 7, 8, 9], exec_bytes=2, output_bytes=1,
+                                 load_us=30 + 7 * n, exec_us=20 + 5 * (job % 3),
+                                 release_us=job * 60) for job in range(60) for n in range(2)])
+    budget_bytes = 40
+    ordered = simulate_graph(graph, workers=2, memory_budget_bytes=budget_bytes)
+    greedy = simulate_graph(graph, policy=MasaPolicy(job_order=False), workers=2,
+                            memory_budget_bytes=budget_bytes)
+    assert ordered.unfinished == () and ordered.final_reserved_bytes == 0
+    assert all(o.reason == "progress" for o in ordered.over_commits)
+    assert len(ordered.over_commits) <= len(greedy.over_commits)
+    assert check_schedule(graph, ordered.schedule, workers=2, memory_budget_bytes=budget_bytes,
+                          allowed_over_commits=[o.task_id for o in ordered.over_commits]) == []
+    ordered_mean = np.mean(list(_response_us(graph, ordered.schedule).values()))
+    greedy_mean = np.mean(list(_response_us(graph, greedy.schedule).values()))
+    assert ordered_mean < greedy_mean

@@ -19,6 +19,12 @@ nothing fits and nothing runs) but, instead of a fixed priority, follows a
   (`strict_loads` off and on).
 - `PlanningPolicy` (registered as `masa-plan`) replans whenever a task it has
   no rank for becomes ready (a job arrived), then dispatches by that rank.
+  Where the search runs is a `Planner`'s choice: `InlinePlanner` (the
+  default) plans inside `pick`, deterministically, as the simulator and the
+  solver benchmark need; `ThreadPlanner` plans on a background thread with a
+  time budget per arrival, and until that plan is ready the policy
+  dispatches by masa's greedy rule, so a real executor's loop never waits
+  for the search.
 
 Because the decoder is the simulator driving the same policy, a plan made when
 nothing is running is reproduced exactly in simulation; when it is made while
@@ -27,17 +33,21 @@ time is not known (the core has no clock), so the plan is an estimate. Cost:
 `iterations` simulations of the residual tasks per arrival (about 100,000
 task decodes, docs/scheduling.md), which is meant for jobs of many networks
 arriving together and for checking the heuristic against the optimum (masa-optimal), not for
-thousands of queued jobs. Pure: no clocks, threads or I/O; randomness from a
-seeded numpy Generator.
+thousands of queued jobs. The policy and the search are pure (randomness from a seeded numpy
+Generator); only `ThreadPlanner` owns a thread and reads a clock (injectable).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -196,7 +206,8 @@ class Plan:
 
 
 def _anneal(graph: TaskGraph, workers: int, memory_bytes: int, strict_loads: bool,
-            steps: int, rng: np.random.Generator) -> tuple[int, list[str]]:
+            steps: int, rng: np.random.Generator,
+            should_stop: Callable[[], bool] | None = None) -> tuple[int, list[str]]:
     """Simulated annealing over dispatch orders from the best rule-based one."""
     current_cost, current = min(
         ((_cost(graph, order, workers, memory_bytes, strict_loads), order)
@@ -206,6 +217,8 @@ def _anneal(graph: TaskGraph, workers: int, memory_bytes: int, strict_loads: boo
     start_temperature = ANNEALING_START * current_cost
     steps = steps if count > 1 else 0
     for step in range(steps):
+        if should_stop is not None and should_stop():
+            break  # the time budget is spent: the best order so far
         temperature = start_temperature * (1 - step / steps)
         candidate = list(current)
         first, second = (int(x) for x in rng.integers(0, count, size=2))
@@ -225,7 +238,8 @@ def _anneal(graph: TaskGraph, workers: int, memory_bytes: int, strict_loads: boo
 
 
 def plan_rank(graph: TaskGraph, *, workers: int, memory_bytes: int, iterations: int,
-              rng: np.random.Generator) -> Plan:
+              rng: np.random.Generator, should_stop: Callable[[], bool] | None = None
+              ) -> Plan:
     """The best dispatch order found by simulated annealing, in either decoder mode.
 
     Each mode (LOADs may overtake a LOAD that does not fit, or not) gets half
@@ -235,13 +249,15 @@ def plan_rank(graph: TaskGraph, *, workers: int, memory_bytes: int, iterations: 
     makespan to 0. Why annealing: plain descent got stuck (3,000 steps found
     nothing better than 1,000 on the benchmark's tight instances). Why both
     modes: each one reaches optima the other cannot on some instances.
+    `should_stop` (a time budget) ends each mode's search early; both modes
+    always decode their rule-based starting orders.
     """
     if not graph.tasks:
         return Plan(rank={}, strict_loads=False, cost=0)
     best: Plan | None = None
     for strict_loads in (False, True):
         cost, order = _anneal(graph, workers, memory_bytes, strict_loads,
-                              iterations // 2, rng)
+                              iterations // 2, rng, should_stop)
         if best is None or cost < best.cost:
             best = Plan({task_id: index for index, task_id in enumerate(order)},
                         strict_loads, cost)
@@ -249,36 +265,129 @@ def plan_rank(graph: TaskGraph, *, workers: int, memory_bytes: int, iterations: 
     return best
 
 
+class PlanFuture(Protocol):
+    """A plan being computed (concurrent.futures.Future fits)."""
+
+    def done(self) -> bool: ...
+    def result(self) -> Plan: ...
+
+
+class Planner(Protocol):
+    """Where masa-plan's search runs: `submit` starts it, `should_stop` bounds it."""
+
+    def submit(self, search: Callable[[Callable[[], bool] | None], Plan]) -> PlanFuture: ...
+
+
+@dataclass(frozen=True)
+class _Ready:
+    plan: Plan
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Plan:
+        return self.plan
+
+
+class InlinePlanner:
+    """Plans at once, inside `pick`, with no time limit: deterministic (simulation, solver)."""
+
+    def submit(self, search: Callable[[Callable[[], bool] | None], Plan]) -> PlanFuture:
+        return _Ready(search(None))
+
+
+class ThreadPlanner:
+    """Plans on one background thread, each search stopped after `time_budget_s`.
+
+    The scheduler's loop only submits a snapshot (the residual graph, built on
+    the loop's thread) and later polls `done()`: it never waits. A search that
+    runs out of time returns the best order found so far. `clock` is injectable
+    (seconds, monotonic) so tests can drive the budget without sleeping.
+    Caveat: the search is Python code holding the GIL in turns with the loop
+    (docs/scheduling.md); ONNX Runtime runs release it.
+    """
+
+    def __init__(self, time_budget_s: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.time_budget_s = time_budget_s
+        self.clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masa-plan")
+
+    def submit(self, search: Callable[[Callable[[], bool] | None], Plan]) -> PlanFuture:
+        def timed() -> Plan:
+            deadline = self.clock() + self.time_budget_s
+            return search(lambda: self.clock() >= deadline)
+
+        future: Future[Plan] = self._pool.submit(timed)
+        return future
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class PlanningPolicy(RankedPolicy):
-    """`masa-plan`: replan the rank whenever new tasks arrive, dispatch by it."""
+    """`masa-plan`: replan the rank whenever new tasks arrive, dispatch by it.
+
+    With a background `planner`, masa's greedy rule (admission and headroom
+    off, as in RankedPolicy) decides while a plan is being computed.
+    """
 
     name = "masa-plan"
 
-    def __init__(self, iterations: int | None = None, seed: int = 0) -> None:
+    def __init__(self, iterations: int | None = None, seed: int = 0,
+                 planner: Planner | None = None) -> None:
         super().__init__(rank={})
         self.iterations = iterations  # None: scaled to the residual size (STEP_BUDGET)
+        self.planner: Planner = planner if planner is not None else InlinePlanner()
         self._rng = np.random.default_rng(seed)
         self._stale = False
+        self._pending: PlanFuture | None = None
+        self._pending_ids: frozenset[str] = frozenset()  # the tasks the pending plan ranks
         self.plans = 0  # how many times it planned (once per arrival batch)
+        self.greedy_picks = 0  # decisions taken by the greedy rule while a plan was pending
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
-        if info.task.task_id not in self.rank:
+        task_id = info.task.task_id
+        if task_id not in self.rank and task_id not in self._pending_ids:
             self._stale = True
         super().on_ready(state, info)
+        if not isinstance(self.planner, InlinePlanner):
+            MasaPolicy.on_ready(self, state, info)  # the greedy rule's heaps
+
+    def _adopt(self, plan: Plan) -> None:
+        self.rank, self.strict_loads = plan.rank, plan.strict_loads
+        self._ready = [(self.rank.get(tid, _UNRANKED), tid, epoch)
+                       for _, tid, epoch in self._ready]
+        heapq.heapify(self._ready)
+
+    def _start_plan(self, state: SchedulerState) -> None:
+        self._stale = False
+        self.plans += 1
+        graph = residual_graph(state)  # a snapshot: the search never reads the state
+        self._pending_ids = frozenset(graph.by_id)
+        iterations = self.iterations
+        if iterations is None:
+            iterations = max(MIN_ITERATIONS, min(
+                MAX_ITERATIONS, STEP_BUDGET // max(1, len(graph.tasks))))
+        self._pending = self.planner.submit(functools.partial(
+            _search, graph, state.workers, max(0, state.ledger.free_bytes()), iterations,
+            self._rng))
 
     def pick(self, state: SchedulerState) -> str | None:
-        if self._stale:
-            self._stale = False
-            self.plans += 1
-            graph = residual_graph(state)
-            iterations = self.iterations
-            if iterations is None:
-                iterations = max(MIN_ITERATIONS, min(
-                    MAX_ITERATIONS, STEP_BUDGET // max(1, len(graph.tasks))))
-            plan = plan_rank(graph, workers=state.workers,
-                             memory_bytes=max(0, state.ledger.free_bytes()),
-                             iterations=iterations, rng=self._rng)
-            self.rank, self.strict_loads = plan.rank, plan.strict_loads
-            self._ready = [(self.rank.get(tid, _UNRANKED), tid, epoch)
-                           for _, tid, epoch in self._ready]
+        if self._pending is None and self._stale:
+            self._start_plan(state)
+        if self._pending is not None:
+            if not self._pending.done():
+                self.greedy_picks += 1
+                return MasaPolicy.pick(self, state)
+            self._adopt(self._pending.result())
+            self._pending, self._pending_ids = None, frozenset()
+            if self._stale:  # tasks arrived while it planned: plan again
+                return self.pick(state)
         return super().pick(state)
+
+
+def _search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
+            rng: np.random.Generator, should_stop: Callable[[], bool] | None) -> Plan:
+    return plan_rank(graph, workers=workers, memory_bytes=memory_bytes,
+                     iterations=iterations, rng=rng, should_stop=should_stop)
