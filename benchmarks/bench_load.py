@@ -312,7 +312,8 @@ def fusion_peaks(paths: dict[str, str]) -> dict[str, tuple[int, int]]:
 
 
 def layer_name(manifest: NetworkManifest, stage: Stage) -> str:
-    """The name of the stage's weighted operator (its first Conv or Gemm node)."""
+    """The name of the stage's weighted operator (its first Conv or Gemm node) in the model
+    as given (an ORT-optimised stage holds fused operators under other names)."""
     import onnx
 
     model = onnx.load(str(manifest.stage_path(stage)), load_external_data=False)
@@ -330,7 +331,7 @@ def stage_peaks(copy: NetworkManifest, mmap: NetworkManifest) -> list[StagePeak]
                     if alternative else None)
         peaks.append(StagePeak(
             stage_id=mapped.stage_id, layer_type=mapped.layer_type,
-            layer=layer_name(mmap, mapped), op_types=mapped.op_types,
+            layer=layer_name(copy, copied), op_types=mapped.op_types,
             weight_bytes=mapped.weight_bytes,
             copy_peak=copied.profile.load_peak_bytes, mmap_peak=mapped.profile.load_peak_bytes,
             prepack=mapped.prepack,
@@ -638,9 +639,12 @@ waiting for a core). Preparing and profiling the networks in both modes took
 
 Every network (workloads/zoo.py, scale {args.scale:g}, seed {args.seed}) is prepared
 twice with `write_zoo(..., profile=True, profile_runs={args.profile_runs})`: load mode
-`copy` (weights inside the stage files; ONNX Runtime copies them, ORT defaults) and
-`mmap` (weights page-aligned in `<stage>.onnx.data`; each stage loaded with the
-session option the profiler chose: mapped, level EXTENDED, no prepacking, unless
+`copy` (the model as given, weights inside the stage files; ONNX Runtime copies
+them, ORT defaults) and `mmap`, the default (the graph ONNX Runtime optimises the
+model into, cut into stages: BatchNorm folded into the convolutions and the NCHWc
+blocked layout kept across cuts, so no session has to make either at load time;
+weights page-aligned in `<stage>.onnx.data`; each stage loaded with the session
+option the profiler chose: mapped, level EXTENDED, no prepacking, unless
 prepacking made load + one run at least {100 * PREPACK_MIN_GAIN:.0f}% faster).
 
 - **peak/weights**: the profiled LOAD peak (`load_peak_bytes`) over the stage's

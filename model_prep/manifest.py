@@ -15,7 +15,9 @@ version or the machine differs logs a warning (`ort_mismatch`).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import platform
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -26,10 +28,12 @@ import yaml
 
 from masa.common.atomic import atomic_write_text
 from masa.common.errors import ErrorCollector, UserError
+from masa.common.yamlsafe import bounded_loader
 
 # libyaml's C loader and dumper when present: 4x faster than pure Python on a
 # manifest of a few hundred stages (loading workloads is dominated by this).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Integers of more than 40 characters are refused (masa.common.yamlsafe).
+_YAML_LOADER = bounded_loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 MANIFEST_FORMAT = 1
@@ -112,6 +116,14 @@ class Stage:
     # Session with prepacking (graph level ALL), or without it (level EXTENDED)
     # so that mapped weights stay mapped (model_prep.session.stage_session_options).
     prepack: bool = True
+    # sha256 of the `<file>.data` weights beside the stage file (load mode mmap, or
+    # copy mode over protobuf's limit); None: no data file (or a manifest from before).
+    data_sha256: str | None = None
+
+    @property
+    def data_file(self) -> str:
+        """The stage's external-data file, relative to the network directory."""
+        return f"{self.file}.data"
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,7 @@ def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
                 "note": s.note,
                 "mapped_bytes": s.mapped_bytes,
                 "prepack": s.prepack,
+                "data_sha256": s.data_sha256,
                 "profile": asdict(s.profile) if s.profile else None,
             }
             for s in manifest.stages
@@ -246,11 +259,40 @@ def _tensor_from_dict(errors: ErrorCollector, raw: Any, path: str) -> TensorSpec
     size_bytes = errors.get(raw, "bytes", (int, type(None)), path)
     if shape is not None:
         for index, dim in enumerate(shape):
-            if isinstance(dim, bool) or not isinstance(dim, int | str):
-                errors.add(f"{path}.shape[{index}]", f"expected an integer or a name, got {dim!r}")
+            if isinstance(dim, bool) or not isinstance(dim, int | str) or \
+                    (isinstance(dim, int) and dim < 0):
+                errors.add(f"{path}.shape[{index}]", f"expected an integer >= 0 or a name, "
+                           f"got {dim!r}")
+                return None
     if None in (name, dtype, shape):
         return None
+    if size_bytes is not None and not _tensor_bytes_consistent(errors, path, dtype, shape,
+                                                               size_bytes):
+        return None
     return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), size_bytes=size_bytes)
+
+
+_ITEMSIZES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
+              "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
+              "complex64": 8, "complex128": 16}
+
+
+def _tensor_bytes_consistent(errors: ErrorCollector, path: str, dtype: str,
+                             shape: list[int | str], size_bytes: int) -> bool:
+    """`bytes` is what the shape and dtype say (when both are known): a hand-edited
+    size would make the scheduler reserve too little."""
+    if size_bytes < 0:
+        errors.add(f"{path}.bytes", f"expected a non-negative integer, got {size_bytes}")
+        return False
+    itemsize = _ITEMSIZES.get(dtype)  # None: a dtype such as bfloat16, not compared
+    if itemsize is None or not all(isinstance(dim, int) for dim in shape):
+        return True
+    expected = math.prod(shape) * itemsize
+    if size_bytes != expected:
+        errors.add(f"{path}.bytes", f"expected {expected} (shape {shape} of {dtype}), "
+                   f"got {size_bytes}")
+        return False
+    return True
 
 
 def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str,
@@ -293,9 +335,13 @@ def _dataclass_from_dict(errors: ErrorCollector, cls: type, raw: Any, path: str,
 
 
 def manifest_from_dict(
-    raw: Any, source: str, directory: Path, check_files: bool = True
+    raw: Any, source: str, directory: Path, check_files: bool = True, full_check: bool = False,
 ) -> NetworkManifest:
-    """Validate a parsed manifest; raise ValidationError listing every problem."""
+    """Validate a parsed manifest; raise ValidationError listing every problem.
+
+    check_files: every stage file (and data file) must exist and match its
+    sha256 (`check_stage_files`; full_check hashes every file, not only those
+    changed since they were last verified)."""
     errors = ErrorCollector(source)
     if not isinstance(raw, dict):
         errors.add("", "expected a mapping at the top level")
@@ -337,19 +383,40 @@ def manifest_from_dict(
     stages: list[Stage] = []
     seen_ids: set[str] = set()
     for index, entry in enumerate(errors.get(raw, "stages", list, "") or []):
-        stage = _stage_from_dict(errors, entry, f"stages[{index}]", seen_ids, directory,
-                                 check_files)
+        stage = _stage_from_dict(errors, entry, f"stages[{index}]", seen_ids)
         if stage is not None:
             stages.append(stage)
     if not stages and not errors.problems:
         errors.add("stages", "expected at least one stage")
+    if check_files:
+        _check_stage_sizes(errors, stages, directory)
     errors.raise_if_any()
-    return NetworkManifest(
+    manifest = NetworkManifest(
         name=name, source_path=source_path, source_sha256=source_sha, ir_version=ir_version,
         opsets=tuple(opsets), inputs=tensors["inputs"], outputs=tensors["outputs"],
         stages=tuple(stages), runtime_base=runtime_base, format=fmt, directory=directory,
         ort_optimized=ort_optimized, load_mode=load_mode,
     )
+    if check_files:
+        check_stage_files(manifest, full=full_check, source=source)
+    return manifest
+
+
+def _check_stage_sizes(errors: ErrorCollector, stages: list[Stage], directory: Path) -> None:
+    """Mapped weights consistent with the stage's data file: at most all of it, and more
+    than half (the padding before each mapped tensor is smaller than the tensor,
+    model_prep.stage_files), so neither can be edited down unnoticed."""
+    for index, stage in enumerate(stages):
+        data = directory / stage.data_file
+        try:
+            data_size = data.stat().st_size if data.is_file() else 0
+        except OSError:
+            continue  # reported by the file checks
+        # (A data file with nothing mapped: copy mode over protobuf's 2 GB limit.)
+        if stage.mapped_bytes > data_size or 0 < 2 * stage.mapped_bytes < data_size:
+            errors.add(f"stages[{index}].mapped_bytes", f"inconsistent with the {data_size} "
+                       f"bytes of {stage.data_file} (expected more than half of it, at most "
+                       f"all), got {stage.mapped_bytes}")
 
 
 def _ort_optimization_from_dict(errors: ErrorCollector, raw: Any) -> OrtOptimization | None:
@@ -411,8 +478,7 @@ def _warn_if_ort_mismatch(manifest: NetworkManifest) -> None:
 
 
 def _stage_from_dict(
-    errors: ErrorCollector, raw: Any, path: str, seen_ids: set[str], directory: Path,
-    check_files: bool,
+    errors: ErrorCollector, raw: Any, path: str, seen_ids: set[str],
 ) -> Stage | None:
     if not isinstance(raw, dict):
         errors.add(path, f"expected a stage mapping, got {raw!r}")
@@ -422,21 +488,31 @@ def _stage_from_dict(
     file_name = errors.get(raw, "file", str, path)
     sha256 = errors.get(raw, "sha256", str, path)
     op_types = errors.get(raw, "op_types", list, path)
+    if op_types is not None and not all(isinstance(op, str) for op in op_types):
+        errors.add(f"{path}.op_types", f"expected a list of operator names, got {op_types!r}")
     layer_type = errors.get(raw, "layer_type", str, path)
     if layer_type is not None and layer_type not in LAYER_TYPES:
         errors.add(f"{path}.layer_type", f"expected one of {', '.join(LAYER_TYPES)}, "
                    f"got {layer_type!r}")
     weight_bytes = errors.get(raw, "weight_bytes", int, path)
+    if weight_bytes is not None and weight_bytes < 0:
+        errors.add(f"{path}.weight_bytes", f"expected a non-negative integer, got {weight_bytes}")
     producers = errors.get(raw, "producers", list, path) or []
     for producer in producers:
-        if producer not in seen_ids:
+        if not isinstance(producer, str):
+            errors.add(f"{path}.producers", f"expected stage ids, got {producer!r}")
+        elif producer not in seen_ids:
             errors.add(f"{path}.producers", f"unknown or later stage {producer!r} "
                        "(stages must be listed in topological order)")
     note = errors.get(raw, "note", (str, type(None)), path, required=False)
     mapped_bytes = errors.get(raw, "mapped_bytes", int, path, required=False) or 0
     if mapped_bytes < 0:
         errors.add(f"{path}.mapped_bytes", f"expected a non-negative integer, got {mapped_bytes}")
+    elif weight_bytes is not None and mapped_bytes > weight_bytes >= 0:
+        errors.add(f"{path}.mapped_bytes", f"expected at most weight_bytes ({weight_bytes}), "
+                   f"got {mapped_bytes}")
     prepack = errors.get(raw, "prepack", bool, path, required=False)
+    data_sha256 = errors.get(raw, "data_sha256", (str, type(None)), path, required=False)
     tensor_lists = {}
     for key in ("inputs", "outputs"):
         items = errors.get(raw, key, list, path) or []
@@ -454,13 +530,6 @@ def _stage_from_dict(
         # Known even if this stage has other problems, so later stages that
         # read it are not also reported (one problem, one message).
         seen_ids.add(stage_id)
-    if check_files and file_name is not None and sha256 is not None:
-        stage_file = directory / file_name
-        if not stage_file.is_file():
-            errors.add(f"{path}.file", f"stage file {stage_file} does not exist")
-        elif sha256_file(stage_file) != sha256:
-            errors.add(f"{path}.sha256", f"stage file {stage_file} does not match its "
-                       "sha256 (changed or corrupted after prepare)")
     if len(errors.problems) > before:
         return None
     return Stage(
@@ -468,13 +537,17 @@ def _stage_from_dict(
         layer_type=layer_type, inputs=tensor_lists["inputs"], outputs=tensor_lists["outputs"],
         producers=tuple(producers), weight_bytes=weight_bytes, note=note, profile=profile,
         mapped_bytes=mapped_bytes, prepack=True if prepack is None else prepack,
+        data_sha256=data_sha256,
     )
 
 
-def load_manifest(network_dir: str | Path, check_files: bool = True) -> NetworkManifest:
+def load_manifest(network_dir: str | Path, check_files: bool = True,
+                  full_check: bool = False) -> NetworkManifest:
     """Load and validate DIR/NAME/manifest.yaml (pass the DIR/NAME directory).
 
-    With check_files, every stage file must exist and match its sha256.
+    With check_files, every stage file must exist and match its sha256: checked
+    by size, modification time and inode against the last full check
+    (`check_stage_files`), or by hashing every file with full_check.
     """
     directory = Path(network_dir)
     path = directory / MANIFEST_NAME
@@ -484,7 +557,10 @@ def load_manifest(network_dir: str | Path, check_files: bool = True) -> NetworkM
         raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)  # a SafeLoader
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    manifest = manifest_from_dict(raw, str(path), directory, check_files=check_files)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: not a YAML manifest ({type(exc).__name__})") from None
+    manifest = manifest_from_dict(raw, str(path), directory, check_files=check_files,
+                                  full_check=full_check)
     _warn_if_ort_mismatch(manifest)
     return manifest
 
@@ -494,7 +570,108 @@ def load_store_network(store_dir: str | Path, name: str, check_files: bool = Tru
     """The prepared network NAME in store DIR."""
     network_dir = Path(store_dir) / name
     if not network_dir.is_dir():
-        available = sorted(p.parent.name for p in Path(store_dir).glob(f"*/{MANIFEST_NAME}"))
+        available = sorted(p.parent.name for p in Path(store_dir).glob(f"*/{MANIFEST_NAME}")
+                           if not p.parent.name.startswith("."))  # not a replaced version
         raise UserError(f"{store_dir}: no prepared network {name!r} "
                         f"(store has: {', '.join(p for p in available) or 'nothing'})")
     return load_manifest(network_dir, check_files=check_files)
+
+
+# ------------------------------------------------------- start-up checks of stage files
+#
+# Hashing every stage file at start reads the whole network from storage (and
+# warms the page cache, so a cold start could not even be measured). A full
+# check records each file's size, modification time and inode with the sha256 it
+# verified in `VERIFIED_NAME`; later checks hash only files whose stat differs
+# (or whose expected sha256 is not the one recorded). `masa verify` hashes all.
+
+VERIFIED_NAME = ".verified.json"
+_VERIFIED_FORMAT = 1
+
+
+def stage_file_checks(manifest: NetworkManifest) -> list[tuple[str, str, str, str]]:
+    """(manifest path of the file's field, of its checksum's field, file relative to
+    the network, expected sha256) for every stage file, and for every data file
+    the manifest records a sha256 for."""
+    checks = []
+    for index, stage in enumerate(manifest.stages):
+        checks.append((f"stages[{index}].file", f"stages[{index}].sha256", stage.file,
+                       stage.sha256))
+        if stage.data_sha256 is not None:
+            checks.append((f"stages[{index}].data_sha256", f"stages[{index}].data_sha256",
+                           stage.data_file, stage.data_sha256))
+    return checks
+
+
+def _stat_key(stat: Any) -> list[int]:
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+def _read_verified(directory: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads((directory / VERIFIED_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("format") != _VERIFIED_FORMAT:
+        return {}
+    files = raw.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def check_stage_files(manifest: NetworkManifest, full: bool = False,
+                      source: str | None = None) -> int:
+    """Every stage and data file exists and matches its sha256; the bytes hashed.
+
+    Without `full`, a file whose size, modification time and inode equal those
+    recorded by the last check that hashed it, for the sha256 the manifest
+    expects, is not read. Raises ValidationError listing every problem.
+    """
+    directory = manifest.directory
+    errors = ErrorCollector(source or str(directory / MANIFEST_NAME))
+    verified = {} if full else _read_verified(directory)
+    recorded: dict[str, Any] = {}
+    hashed_bytes = 0
+    for file_path, sha_path, file_name, expected in stage_file_checks(manifest):
+        target = directory / file_name
+        kind = "data file" if file_name.endswith(".data") else "stage file"
+        try:
+            stat = target.stat()
+        except OSError:
+            errors.add(file_path, f"{kind} {target} does not exist")
+            continue
+        entry = [*_stat_key(stat), expected]
+        if verified.get(file_name) == entry:
+            recorded[file_name] = entry
+            continue
+        hashed_bytes += stat.st_size
+        if sha256_file(target) != expected:
+            errors.add(sha_path, f"{kind} {target} does not match its sha256 "
+                       "(changed or corrupted after prepare)")
+            continue
+        recorded[file_name] = entry
+    errors.raise_if_any()
+    if hashed_bytes or set(recorded) != set(verified):
+        _write_verified(directory, recorded)
+    return hashed_bytes
+
+
+def _write_verified(directory: Path, files: dict[str, Any]) -> None:
+    """Best effort: a read-only store is checked in full on every start."""
+    try:
+        atomic_write_text(directory / VERIFIED_NAME,
+                          json.dumps({"format": _VERIFIED_FORMAT, "files": files}))
+    except OSError as error:
+        log.debug("cannot record verified stage files in %s: %s", directory, error)
+
+
+def record_stage_files(manifest: NetworkManifest) -> None:
+    """Record the stage files just written (and hashed) by prepare as verified, so
+    the first run does not read them all."""
+    recorded = {}
+    for _, _, file_name, expected in stage_file_checks(manifest):
+        try:
+            recorded[file_name] = [*_stat_key((manifest.directory / file_name).stat()),
+                                   expected]
+        except OSError:
+            continue  # the next check reports it
+    _write_verified(manifest.directory, recorded)

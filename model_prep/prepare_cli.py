@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from masa.common.errors import UserError
+from masa.common.errors import RunFailed, UserError, one_line
 from masa.common.output import add_json_flag, print_json
 from masa.common.progress import ProgressBar
 from masa.common.units import parse_memory_bytes
@@ -45,13 +46,16 @@ from model_prep.manifest import (
     NetworkManifest,
     load_manifest,
     manifest_to_dict,
+    record_stage_files,
     write_manifest,
 )
 from model_prep.planner import DEFAULT_MAX_CUT_TENSORS
 from model_prep.profile import profile_network
 from model_prep.shapes import parse_input_shape
+from model_prep.slicing import max_stage_bytes_for_target
 from model_prep.split import check_model_file, check_network_name, default_network_name, split_model
 from model_prep.stage_files import DEFAULT_LOAD_MODE
+from model_prep.store_lock import prepare_lock, remove_retired, retire_network
 from model_prep.summary import stage_summary
 from model_prep.verify import VerifyMismatch, VerifyResult, verify_network
 
@@ -83,16 +87,19 @@ def prepare_network(
     verify_feeds: Mapping[str, np.ndarray] | None = None,
     max_cut_tensors: int = DEFAULT_MAX_CUT_TENSORS,
     min_stage_weight_bytes: int = 0,
-    ort_optimize: bool = False,
+    ort_optimize: bool | None = None,
     show_progress: bool | None = None,
     load_mode: str = DEFAULT_LOAD_MODE,
+    max_stage_weight_bytes: int = 0,
 ) -> PreparedNetwork:
     """Split (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
 
     name defaults to the model file's stem. ort_optimize: cut ONNX Runtime's
-    optimised graph (see model_prep.optimize); verify still compares with the
-    original model. load_mode: "mmap" (weights mapped, not copied, by a LOAD) or
+    optimised graph (see model_prep.optimize); None: in load mode mmap when the
+    input dims are fixed (model_prep.split.wants_ort_optimize); verify still
+    compares with the original model. load_mode: "mmap" (weights mapped, not copied, by a LOAD) or
     "copy" (model_prep.stage_files). show_progress: None draws a bar when stderr is a terminal.
+    max_stage_weight_bytes: slice larger Gemm/MatMul/Conv operators (model_prep.slicing).
     Raises UserError on bad input, and its subclass RunFailed when verify or
     profiling fails (VerifyMismatch for a mismatch), leaving the store
     untouched.
@@ -102,7 +109,29 @@ def prepare_network(
     store = Path(store_dir)
     final_dir = store / name
     _check_store(store, final_dir)
+    # One prepare per name at a time: the stale-folder clean-up below would
+    # otherwise delete a running prepare's work folder.
+    with prepare_lock(store, name):
+        return _prepare_locked(model_path, store, name, input_shapes, profile=profile,
+                               profile_runs=profile_runs, verify=verify, seed=seed,
+                               verify_feeds=verify_feeds, max_cut_tensors=max_cut_tensors,
+                               min_stage_weight_bytes=min_stage_weight_bytes,
+                               ort_optimize=ort_optimize, show_progress=show_progress,
+                               load_mode=load_mode,
+                               max_stage_weight_bytes=max_stage_weight_bytes)
+
+
+def _prepare_locked(
+    model_path: Path, store: Path, name: str,
+    input_shapes: Mapping[str, Sequence[int | str]] | None, *, profile: bool,
+    profile_runs: int | None, verify: bool, seed: int,
+    verify_feeds: Mapping[str, np.ndarray] | None, max_cut_tensors: int,
+    min_stage_weight_bytes: int, ort_optimize: bool | None, show_progress: bool | None,
+    load_mode: str, max_stage_weight_bytes: int,
+) -> PreparedNetwork:
+    final_dir = store / name
     _remove_stale_temp_dirs(store, name)
+    remove_retired(store, name)
     try:
         work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}~", dir=store))
     except OSError as exc:
@@ -115,7 +144,8 @@ def prepare_network(
                                    max_cut_tensors=max_cut_tensors,
                                    min_stage_weight_bytes=min_stage_weight_bytes,
                                    progress=bar, ort_optimize=ort_optimize,
-                                   scratch_dir=work_dir, load_mode=load_mode)
+                                   scratch_dir=work_dir, load_mode=load_mode,
+                                   max_stage_weight_bytes=max_stage_weight_bytes)
         split_time_s = time.perf_counter() - started_s
         verify_result = None
         if verify:
@@ -131,14 +161,47 @@ def prepare_network(
             manifest = manifest.with_profiles(profiles, runtime_base)
             write_manifest(manifest, network_dir / MANIFEST_NAME)
             profile_time_s = time.perf_counter() - started_s
+        record_stage_files(manifest)  # the first run checks them by stat, unread
         _install(network_dir, final_dir)
-    except OSError as exc:
-        raise UserError(f"{store}: cannot write the network {name!r}: "
+        # The replaced version (if any) is in the work folder now: a run may pin it.
+        for old in (network_dir, network_dir.with_name(network_dir.name + ".old")):
+            if old.is_dir():
+                retire_network(old, store, name)
+    except OSError as exc:  # a full or read-only disk: the run failed, the input was fine
+        raise RunFailed(f"{store}: cannot write the network {name!r}: "
                         f"{exc.strerror or exc}") from None
+    except (ValueError, KeyError, UnicodeDecodeError, DecodeError) as exc:
+        _refuse_invalid_model(model_path, exc)  # a corrupted model: one line, exit 2
+        raise  # a valid model: a bug of ours (exit 3, the traceback with --debug)
+    except RunFailed as exc:  # ONNX Runtime refused a stage: the model's fault, or ours?
+        if not isinstance(exc, VerifyMismatch):
+            _refuse_invalid_model(model_path, exc)
+        raise
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return PreparedNetwork(replace(manifest, directory=final_dir), verify_result,
                            split_time_s, profile_time_s)
+
+
+def _refuse_invalid_model(model_path: Path, exc: Exception) -> None:
+    """After `exc` while preparing: UserError (exit 2) when the model itself is invalid,
+    so that a byte-corrupted file that still parses is bad input, not a bug of ours.
+    Checked only on failure: the ONNX checker, then ONNX Runtime loading the model."""
+    if isinstance(exc, UnicodeDecodeError):  # protobuf strings must be UTF-8
+        raise UserError(f"{model_path}: not a valid ONNX model: a name or string in it is "
+                        f"not UTF-8 ({one_line(exc)})") from None
+    import onnx  # imported by the splitter already
+
+    from model_prep.session import create_session
+
+    try:
+        onnx.checker.check_model(str(model_path))
+        session = create_session(model_path)
+        del session
+    except Exception as invalid:  # noqa: BLE001 - the checker's and ORT's own types
+        raise UserError(f"{model_path}: not a valid ONNX model: {one_line(invalid)} "
+                        f"(preparing it failed with {type(exc).__name__}: "
+                        f"{one_line(exc)})") from None
 
 
 def ensure_store(store: Path) -> None:
@@ -242,12 +305,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "instead of copying them (the profiler keeps prepacking per "
                              "stage only where it pays for itself); 'copy' keeps them inside "
                              "the stage files, which ONNX Runtime copies (load peak ~2x)")
-    parser.add_argument("--ort-optimize", action="store_true",
+    parser.add_argument("--ort-optimize", action=argparse.BooleanOptionalAction, default=None,
                         help="cut the graph ONNX Runtime optimises the model into (fused "
-                             "operators, NCHWc layout kept across cuts on x86): less overhead "
-                             "per stage, but the stage files suit only this onnxruntime "
-                             "version and machine type; a dynamic input dim usually needs "
-                             "--input-shape then")
+                             "operators, BatchNorm folded, NCHWc layout kept across cuts on "
+                             "x86), so mapped stages run at full speed without private "
+                             "copies; the stage files then suit only this onnxruntime version "
+                             "and machine type. Default: on in load mode mmap when every "
+                             "input dim is fixed (declared or --input-shape), off otherwise; "
+                             "--no-ort-optimize keeps the stage files portable")
+    slicing = parser.add_mutually_exclusive_group()
+    slicing.add_argument("--max-stage-bytes", default=None, metavar="SIZE",
+                         help="slice a Gemm, MatMul or Conv whose weights exceed SIZE into "
+                              "stages along its outputs, joined by Concat (e.g. 128MiB)")
+    slicing.add_argument("--target-memory", default=None, metavar="SIZE",
+                         help="the memory budget the network must run in: slice operators "
+                              "whose weights exceed a quarter of it (--max-stage-bytes SIZE/4)")
     add_json_flag(parser, "the prepared network (its manifest, timings, verify result)")
     parser.set_defaults(handler=_prepare_command)
 
@@ -288,7 +360,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
             max_cut_tensors=args.max_cut_tensors,
             min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
             ort_optimize=args.ort_optimize, show_progress=False if quiet else None,
-            load_mode=args.load_mode,
+            load_mode=args.load_mode, max_stage_weight_bytes=_max_stage_bytes(args),
         )
     except VerifyMismatch as mismatch:
         if args.json:
@@ -299,6 +371,20 @@ def _prepare_command(args: argparse.Namespace) -> int:
         print_json(_prepared_document(prepared))
     else:
         _print_prepared(prepared, quiet)
+    return 0
+
+
+def _max_stage_bytes(args: argparse.Namespace) -> int:
+    """The slicing limit from --max-stage-bytes or --target-memory (0: no slicing)."""
+    if args.max_stage_bytes is not None:
+        limit = parse_memory_bytes(args.max_stage_bytes, "--max-stage-bytes")
+        if limit <= 0:
+            raise UserError(f"--max-stage-bytes: expected a positive size, got "
+                            f"{args.max_stage_bytes!r}")
+        return limit
+    if args.target_memory is not None:
+        return max_stage_bytes_for_target(parse_memory_bytes(args.target_memory,
+                                                             "--target-memory"))
     return 0
 
 
@@ -338,7 +424,7 @@ def _print_prepared(prepared: PreparedNetwork, quiet: bool) -> None:
 
 
 def _verify_command(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.network)
+    manifest = load_manifest(args.network, full_check=True)  # hashes every file
     model_path = Path(args.model) if args.model else Path(manifest.source_path)
     if not model_path.is_file():
         raise UserError(f"{model_path}: source model not found (pass --model)")

@@ -5,21 +5,25 @@ validates the manifest (stage files must match their sha256), profiles every
 stage, prints the stage table (or, with `--json`, one JSON document) and
 writes the manifest back atomically with the new profiles and runtime base.
 Nothing is written when profiling fails. Exit codes (masa.cli.main):
-1 when profiling a stage fails (ProfileError), 2 for bad input such as a
-stage file that does not match its sha256.
+1 when profiling a stage fails (ProfileError) or the manifest cannot be
+written after all (a full disk), 2 for bad input such as a stage file that
+does not match its sha256, or a manifest that cannot be rewritten (a
+read-only store: refused before profiling, unless --dry-run).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from masa.common.argtypes import positive_int
-from masa.common.errors import UserError
+from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.progress import ProgressBar
 from masa.common.units import format_bytes
@@ -58,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     network_dir = Path(args.network)
     manifest = load_manifest(network_dir)
+    if not args.dry_run:
+        _check_writable(network_dir / MANIFEST_NAME)  # before minutes of profiling
     progress = _Progress(manifest.name, quiet=getattr(args, "quiet", False))
     try:
         profiles, runtime_base = profile_network(
@@ -70,11 +76,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.dry_run:
         log.info("dry run: %s left untouched", network_dir / MANIFEST_NAME)
     else:
-        try:
+        with writing(network_dir / MANIFEST_NAME, "the manifest"):  # a full disk: exit 1
             write_manifest(profiled, network_dir / MANIFEST_NAME)
-        except OSError as exc:
-            raise UserError(f"{network_dir / MANIFEST_NAME}: cannot write the manifest: "
-                            f"{exc.strerror or exc}") from None
         log.info("wrote %s", network_dir / MANIFEST_NAME)
     if args.json:
         print_json(profile_document(profiled, written=not args.dry_run))
@@ -86,6 +89,23 @@ def run_profile(args: argparse.Namespace) -> int:
           f"+{format_bytes(base.first_session_bytes)} in "
           f"{base.first_session_time_us / 1000:.1f} ms")
     return 0
+
+
+def _check_writable(manifest_path: Path) -> None:
+    """UserError now when the manifest could not be rewritten after profiling (a
+    read-only store: the atomic write needs the folder and the file writable)."""
+    folder = manifest_path.parent
+    if not os.access(folder, os.W_OK | os.X_OK) or not os.access(manifest_path, os.W_OK):
+        raise UserError(f"{manifest_path}: cannot rewrite the manifest (read-only store or "
+                        "permission denied); nothing profiled (use --dry-run to profile "
+                        "without writing)")
+    try:  # os.access ignores a read-only mount for root on some systems: try it
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".masa-profile-", delete=True)
+    except OSError as exc:
+        raise UserError(f"{manifest_path}: cannot rewrite the manifest: "
+                        f"{exc.strerror or exc}; nothing profiled (use --dry-run to profile "
+                        "without writing)") from None
+    probe.close()
 
 
 def profile_document(manifest: NetworkManifest, written: bool) -> dict[str, Any]:

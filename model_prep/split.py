@@ -10,7 +10,8 @@ result. The work is done by one module per concern:
 - model_prep.shapes: `--input-shape`, shape inference, tensor specs;
 - model_prep.planner: the cut rule (pure: which node goes into which stage);
 - model_prep.stage_files: building and writing the stage files;
-- model_prep.optimize: with `ort_optimize` (`--ort-optimize`), the graph cut
+- model_prep.optimize: with `ort_optimize` (`--ort-optimize`, the default in
+  load mode mmap for models with fixed input dims), the graph cut
   is the one ONNX Runtime optimises the model into: its weighted operators are
   contrib ones (com.microsoft.nchwc Conv, FusedConv, FusedGemm, ...), and the
   tensors crossing the cuts are those the whole model passes on, NCHWc-blocked
@@ -47,6 +48,7 @@ from model_prep.onnx_graph import check_structure, read_graph
 from model_prep.optimize import current_optimization, optimize_for_split
 from model_prep.planner import DEFAULT_MAX_CUT_TENSORS, GraphAnalysis, NodeRecord, plan_network
 from model_prep.shapes import has_known_type, infer_types, tensor_spec
+from model_prep.slicing import slice_model
 from model_prep.stage_files import (
     DEFAULT_EXTERNAL_DATA_BYTES,
     DEFAULT_LOAD_MODE,
@@ -116,6 +118,37 @@ def check_network_name(name: str) -> str:
 # --------------------------------------------------------------- splitting
 
 
+def wants_ort_optimize(graph: onnx.GraphProto, runtime_inputs: Sequence[str],
+                       input_shapes: Mapping[str, Sequence[int | str]] | None,
+                       load_mode: str) -> bool:
+    """Whether a split that was not told cuts ONNX Runtime's optimised graph.
+
+    Yes in load mode mmap when every runtime input's dims are fixed (declared or
+    given): stages cut from the model as given must be loaded below graph level
+    ALL to keep their weights mapped, which leaves convolutions without the
+    blocked NCHWc layout (up to 1.4x the EXEC time) and lets ONNX Runtime fuse
+    BatchNorm into a private copy of the weights; the optimised graph holds
+    both transformations already, so its stages run at full speed on mapped
+    weights (docs/load-bench.md). Dynamic dims would need a probe run on
+    guessed shapes (model_prep.optimize), so those models stay as given.
+    """
+    if load_mode != "mmap":
+        return False
+    given = dict(input_shapes or {})
+    for value in graph.input:
+        if value.name not in runtime_inputs:
+            continue
+        if value.name in given:
+            if not all(isinstance(dim, int) for dim in given[value.name]):
+                return False
+            continue
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape") or any(
+                not dim.HasField("dim_value") for dim in tensor_type.shape.dim):
+            return False
+    return True
+
+
 @dataclass
 class _TypedGraph:
     """The graph to cut, as read: its records, analysis and tensor types."""
@@ -138,9 +171,10 @@ def split_model(
     min_stage_weight_bytes: int = 0,
     external_data_bytes: int = DEFAULT_EXTERNAL_DATA_BYTES,
     progress: SplitProgress | None = None,
-    ort_optimize: bool = False,
+    ort_optimize: bool | None = None,
     scratch_dir: str | Path | None = None,
     load_mode: str = DEFAULT_LOAD_MODE,
+    max_stage_weight_bytes: int = 0,
 ) -> NetworkManifest:
     """Split MODEL into `out_dir/stages/*.onnx` and write `out_dir/manifest.yaml`.
 
@@ -150,9 +184,13 @@ def split_model(
     224]}; a string dim stays symbolic). With `ort_optimize`, the graph split
     is ONNX Runtime's optimised version of the model (model_prep.optimize),
     made in a temporary directory under `scratch_dir` (default: the system's)
-    that is gone when this returns. `load_mode` ("mmap" or "copy") is how
-    stage files hold their weights (model_prep.stage_files). Returns the
-    manifest (without profiles), whose `directory` is `out_dir`.
+    that is gone when this returns. None (the default) optimises in load mode
+    mmap when every input's dims are fixed (`wants_ort_optimize`), and splits
+    the model as given if ONNX Runtime cannot optimise it. `load_mode` ("mmap" or "copy") is how
+    stage files hold their weights (model_prep.stage_files).
+    `max_stage_weight_bytes` > 0 slices every Gemm/MatMul/Conv whose weights
+    exceed it into stages of at most that much (model_prep.slicing). Returns
+    the manifest (without profiles), whose `directory` is `out_dir`.
     """
     check_network_name(name)
     if load_mode not in LOAD_MODES:
@@ -165,7 +203,8 @@ def split_model(
                         f"{min_stage_weight_bytes}")
     model_path = Path(model_path)
     source = str(model_path)
-    typed = _read_typed_graph(model_path, input_shapes, ort_optimize, scratch_dir)
+    typed = _read_typed_graph(model_path, input_shapes, ort_optimize, scratch_dir, load_mode,
+                              max_stage_weight_bytes)
     model, analysis, types = typed.model, typed.analysis, typed.types
     graph_outputs = [o.name for o in model.graph.output]
     for output in graph_outputs:
@@ -198,28 +237,60 @@ def split_model(
     )
     write_manifest(manifest, out_dir / MANIFEST_NAME)
     log.info("split %s%s into %d stages (%d weighted operators)", source,
-             " (ORT-optimised)" if ort_optimize else "", len(stages),
+             " (ORT-optimised)" if typed.ort_optimized else "", len(stages),
              sum(layout.weighted_count for layout in layouts))
     return manifest
+
+
+def _load_sliced(model_path: Path, max_stage_weight_bytes: int) -> tuple[onnx.ModelProto, bool]:
+    """The model, with operators over the limit sliced (model_prep.slicing), and
+    whether anything was sliced."""
+    if max_stage_weight_bytes < 0:
+        raise UserError(f"--max-stage-bytes: expected a non-negative size, got "
+                        f"{max_stage_weight_bytes}")
+    model = load_model(model_path)
+    if not max_stage_weight_bytes:
+        return model, False
+    sliced, notes = slice_model(model, max_stage_weight_bytes)
+    for note in notes:
+        log.info("%s (%d weight bytes): %s", note.node, note.weight_bytes,
+                 f"{note.slices} slices" if note.slices > 1 else f"left whole: {note.reason}")
+    return sliced, sliced is not model
 
 
 def _read_typed_graph(
     model_path: Path,
     input_shapes: Mapping[str, Sequence[int | str]] | None,
-    ort_optimize: bool,
+    ort_optimize: bool | None,
     scratch_dir: str | Path | None,
+    load_mode: str,
+    max_stage_weight_bytes: int = 0,
 ) -> _TypedGraph:
-    """Load the model (ORT-optimise it if asked), analyse its graph, type its tensors."""
+    """Load the model (slice oversized operators, then ORT-optimise it if asked),
+    analyse its graph, type its tensors."""
     source = str(model_path)
-    model = load_model(model_path)
+    model, sliced = _load_sliced(model_path, max_stage_weight_bytes)
     records, analysis = read_graph(model.graph)
     ort_optimized = None
-    if ort_optimize:
-        ort_optimized = current_optimization()
-        model = optimize_for_split(model, dict(input_shapes or {}), source,
-                                   analysis.runtime_inputs, scratch_dir, model_path)
-        records, analysis = read_graph(model.graph)
-        input_shapes = None  # applied before optimising
+    optimize = (wants_ort_optimize(model.graph, analysis.runtime_inputs, input_shapes, load_mode)
+                if ort_optimize is None else ort_optimize)
+    if optimize:
+        try:
+            optimized = optimize_for_split(model, dict(input_shapes or {}), source,
+                                           analysis.runtime_inputs, scratch_dir,
+                                           None if sliced else model_path)
+        except UserError as exc:
+            if ort_optimize:
+                raise
+            # Asked for nothing: the model as given still splits (portable stages).
+            log.warning("%s; splitting the model as given (pass --no-ort-optimize to skip "
+                        "the attempt)", exc)
+            # optimize_for_split changed it in place
+            model, _ = _load_sliced(model_path, max_stage_weight_bytes)
+        else:
+            model, ort_optimized = optimized, current_optimization()
+            records, analysis = read_graph(model.graph)
+            input_shapes = None  # applied before optimising
     types, inferred_graph = infer_types(model, dict(input_shapes or {}), source,
                                         analysis.runtime_inputs)
     # Graph outputs keep their declared type where inference found nothing.

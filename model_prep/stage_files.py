@@ -150,6 +150,7 @@ def stage_record(
         inputs=tuple(tensor_spec(n, types.get(n)) for n in layout.inputs),
         outputs=tuple(tensor_spec(n, output_types.get(n)) for n in layout.outputs),
         producers=layout.producers, weight_bytes=layout.weight_bytes, note=layout.note,
+        data_sha256=written.data_sha256,
     )
 
 
@@ -157,6 +158,7 @@ def stage_record(
 class WrittenStage:
     sha256: str  # of the .onnx file
     mapped_bytes: int  # weight bytes in <file>.data, at aligned offsets (mmap mode)
+    data_sha256: str | None = None  # of <file>.data; None when none was written
 
 
 def write_stage_file(stage_model: onnx.ModelProto, path: Path, external_data_bytes: int,
@@ -173,13 +175,19 @@ def write_stage_file(stage_model: onnx.ModelProto, path: Path, external_data_byt
         mapped_bytes = _write_mapped_weights(stage_model, path.with_name(f"{path.name}.data"))
     elif sum(tensor_bytes_estimate(t) for t in stage_model.graph.initializer) \
             >= external_data_bytes:
-        return WrittenStage(_write_external(stage_model, path), 0)
+        return WrittenStage(_write_external(stage_model, path), 0, _data_sha256(path))
     data = stage_model.SerializeToString()
     with open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    return WrittenStage(hashlib.sha256(data).hexdigest(), mapped_bytes)
+    return WrittenStage(hashlib.sha256(data).hexdigest(), mapped_bytes, _data_sha256(path))
+
+
+def _data_sha256(path: Path) -> str | None:
+    """The sha256 of the stage's data file (start-up checks cover it too), if any."""
+    data_path = path.with_name(f"{path.name}.data")
+    return sha256_file(data_path) if data_path.exists() else None
 
 
 def _write_mapped_weights(stage_model: onnx.ModelProto, data_path: Path) -> int:

@@ -253,10 +253,11 @@ def compare_outputs(
             continue
         if whole.dtype.kind in "fc":
             nan_whole, nan_staged = np.isnan(whole), np.isnan(staged)
-            finite = ~nan_whole & ~nan_staged
-            diff = np.abs(whole[finite].astype(np.float64) - staged[finite].astype(np.float64))
+            # Equal values (equal infinities too) differ by 0; inf - inf would be NaN.
+            differ = ~nan_whole & ~nan_staged & (whole != staged)
+            diff = np.abs(whole[differ].astype(np.float64) - staged[differ].astype(np.float64))
             max_diff = float(diff.max()) if diff.size else 0.0
-            if not np.array_equal(nan_whole, nan_staged):
+            if not np.array_equal(nan_whole, nan_staged) or math.isnan(max_diff):
                 max_diff = float("inf")
             finite_whole = np.abs(whole[np.isfinite(whole)].astype(np.float64))
             max_out = float(finite_whole.max()) if finite_whole.size else 0.0

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from masa.common.argtypes import duration_s, positive_int
-from masa.common.errors import EXIT_FAILED, EXIT_OK, UserError
+from masa.common.errors import EXIT_FAILED, EXIT_OK, UserError, writing
 from masa.common.output import print_json
 from masa.common.units import parse_memory_bytes
 from masa.runtime.registry import POLICY_NAMES, make_policy
@@ -143,11 +143,8 @@ def handle(args: argparse.Namespace) -> int:
     options = _options(args)
     instance = _instance_from_args(args)
     if args.write_instance:
-        try:
+        with writing(args.write_instance, "the instance"):  # a full disk: exit 1
             write_instance(instance, args.write_instance)
-        except OSError as error:
-            raise UserError(f"{args.write_instance}: cannot write the instance: "
-                            f"{error.strerror}") from None
     evaluation = evaluate(instance, options, use_hint=not args.no_hint, policy=args.policy)
     if args.json:
         print_json(evaluation_to_dict(evaluation))

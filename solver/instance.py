@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from masa.common.atomic import atomic_write_text
-from masa.common.errors import ErrorCollector, UserError
+from masa.common.errors import ErrorCollector, UserError, one_line
 from masa.common.graphs import ancestors, find_cycle
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 
@@ -239,6 +239,11 @@ def _locks_from_raw(errors: ErrorCollector, raw: Any, ids: set[str]) -> list[Loc
     return locks
 
 
+def _refuse_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's reader accepts them)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def load_instance(path: str | Path) -> Instance:
     """Read and validate an instance JSON file (UserError names file and field)."""
     source = str(path)
@@ -246,11 +251,17 @@ def load_instance(path: str | Path) -> Instance:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise UserError(f"{source}: cannot read instance: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{source}: not a text file (expected a JSON instance)") from None
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise UserError(f"{source}: line {error.lineno} column {error.colno}: "
                         f"invalid JSON: {error.msg}") from None
+    except ValueError as error:  # an integer of more than 4300 digits, NaN, Infinity
+        raise UserError(f"{source}: invalid JSON: {one_line(error)}") from None
+    except RecursionError:
+        raise UserError(f"{source}: invalid JSON: nested too deeply") from None
     instance = instance_from_dict(raw, source)
     return replace(instance, name=instance.name or Path(path).stem)
 

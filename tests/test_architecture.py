@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workloads",),
     ("masa.runtime",),
     ("masa.report", "solver"),
+    ("masa.serve",),
     ("masa.cli", "masa.__main__"),
 )
 # The scheduling core proper: plain data and functions.

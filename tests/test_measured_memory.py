@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,8 @@ from masa.common.procmem import (
     MemoryCgroup,
     ResidentSplit,
     find_memory_cgroup,
+    page_cache_bytes,
     read_cgroup_memory,
-    reset_peak,
     resident_split,
     rss_bytes,
 )
@@ -29,6 +30,34 @@ from masa.common.procmem import (
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 MIB = 2**20
 V1_UNLIMITED = "9223372036854771712\n"
+
+
+# ---------------------------------------------------------------- page cache
+
+
+def test_page_cache_bytes_follows_reads_and_eviction(tmp_path: Path) -> None:
+    import masa.common.procmem as procmem
+
+    path = tmp_path / "weights.data"
+    path.write_bytes(np.random.default_rng(0).bytes(3 * MIB + 123))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # clean pages can be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        evicted = page_cache_bytes(path)
+        if evicted:
+            pytest.skip(f"{tmp_path}'s file system keeps pages on DONTNEED (tmpfs?)")
+        assert evicted == 0
+        os.pread(fd, MIB, MIB)  # the middle MiB (and what the kernel reads ahead)
+        partly = page_cache_bytes(path)
+        assert MIB <= partly <= path.stat().st_size
+        # mincore, the fallback for kernels without cachestat, sees the same pages.
+        assert procmem._mincore_bytes(fd, path.stat().st_size) == partly
+        while os.read(fd, MIB):
+            pass
+        assert page_cache_bytes(path) == path.stat().st_size
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- statm split
@@ -210,11 +239,24 @@ def test_a_real_run_measures_its_peak_and_split(small_zoo_store: Path) -> None:
     graph, result = _real_run(small_zoo_store)
     assert set(result.group_status.values()) == {"done"}
     assert result.peak_measured_bytes > 0
+    # Measured = anonymous above the baseline + the loaded stages' weights in memory,
+    # at one sample: its peak covers each part's own peak.
     assert result.peak_measured_bytes >= result.peak_anonymous_bytes
-    assert result.peak_measured_bytes == result.peak_rss_bytes - result.baseline_rss_bytes
+    assert result.peak_measured_bytes >= result.peak_stage_file_bytes
+    mapped = [s for m in _manifests(small_zoo_store).values() for s in m.stages
+              if s.mapped_bytes and not s.prepack]
+    assert mapped  # the store is in load mode mmap
+    # Each loaded stage's data file is in memory (read in by its LOAD), held once
+    # however many jobs load it.
+    assert max(s.mapped_bytes for s in mapped) <= result.peak_stage_file_bytes
+    assert result.peak_stage_file_bytes <= sum(
+        Path(f"{m.stage_path(s)}.data").stat().st_size
+        for m in _manifests(small_zoo_store).values() for s in m.stages if s in mapped)
+    assert (result.peak_rss_above_baseline_bytes
+            == result.peak_rss_bytes - result.baseline_rss_bytes)
     assert (result.baseline_anonymous_bytes + result.baseline_file_backed_bytes
             == result.baseline_rss_bytes)
-    assert result.peak_measured_source == ("vmhwm" if reset_peak() else "samples")
+    assert result.peak_measured_source == "samples"
     samples = [rss for _, _, rss in result.memory_timeline if rss is not None]
     assert samples and max(samples) <= result.peak_rss_bytes
     assert len(result.resident_timeline) >= len(samples)
@@ -244,15 +286,18 @@ def test_measured_source_reads_statm_once_per_decision(small_zoo_store: Path,
     reads: list[ResidentSplit] = []
 
     def counting_split() -> ResidentSplit:
-        reads.append(resident_split())
-        return reads[-1]
+        split = resident_split()
+        if threading.current_thread().name != "masa-memory-sampler":  # the loop's reads
+            reads.append(split)
+        return split
 
     monkeypatch.setattr(threads, "resident_split", counting_split)
     _, result = _real_run(small_zoo_store, memory_source="measured")
     assert set(result.group_status.values()) == {"done"}
     decisions = sum(1 for _, _, rss in result.memory_timeline if rss is not None)
-    # the baseline, one per decision (the reconciling reading is the sample), the final one
-    assert len(reads) == 1 + decisions + 1 == 1 + len(result.resident_timeline)
+    # the baseline, one per decision (the reconciling reading is the sample), the final
+    # ones (after the run, and when the sampler stops); the sampler read more in between
+    assert len(reads) == 1 + decisions + 2 == 2 + len(result.resident_timeline)
 
 
 def test_simulated_report_has_null_measured_figures() -> None:
@@ -277,11 +322,11 @@ def test_comparison_shows_reserved_and_measured_for_every_policy() -> None:
 
     table = compare_reports({
         "masa": report({"peak_measured_bytes": 5 * MIB, "peak_anonymous_bytes": 4 * MIB,
-                        "peak_file_backed_bytes": MIB}),
+                        "peak_stage_file_bytes": MIB}),
         "bulk": report(None),  # an older report without the split
     })
     header, _, masa_row, bulk_row = table.splitlines()[:4]
-    for column in ("peak reserved", "peak measured", "anon", "file"):
+    for column in ("peak reserved", "peak measured", "anon", "weights"):
         assert column in header
     assert masa_row.split()[5:13] == ["3.0", "MiB", "5.0", "MiB", "4.0", "MiB", "1.0", "MiB"]
     assert bulk_row.split()[5:10] == ["3.0", "MiB", "-", "-", "-"]

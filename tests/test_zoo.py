@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 from masa.common.errors import UserError
+from model_prep.manifest import VERIFIED_NAME
 from model_prep.session import create_session
 from workloads.zoo import (
     MIB,
@@ -187,7 +188,8 @@ def test_write_zoo_replaces_a_network_and_leaves_nothing_else(tmp_path: Path) ->
                           verify=True)
     assert second.source_sha256 != first.source_sha256
     assert _store_entries(store) == ["gendernet"]  # no staging or old copy left
-    assert _store_entries(store / "gendernet") == ["manifest.yaml", "source.onnx", "stages"]
+    assert _store_entries(store / "gendernet") == [VERIFIED_NAME, "manifest.yaml", "source.onnx",
+                                                   "stages"]
 
 
 def test_write_zoo_failing_to_prepare_leaves_the_store_as_it_was(tmp_path: Path) -> None:
@@ -244,7 +246,10 @@ def test_masa_zoo_json_and_exit_1_when_a_network_fails(
     (row,) = report["networks"]
     assert (row["name"], row["stages"], row["conv_stages"], row["fc_stages"]) == (
         "agenet", 6, 3, 3)
-    assert row["weight_bytes"] == weight_bytes("agenet", 0.05) and row["exec_ms"] is None
+    # Stages cut from ONNX Runtime's optimised graph (load mode mmap, fixed dims): its
+    # NCHWc weights pad channels to the block size and folded batch norms add biases.
+    assert weight_bytes("agenet", 0.05) <= row["weight_bytes"] <= 1.1 * weight_bytes("agenet", 0.05)
+    assert row["exec_ms"] is None
     assert report["failed"] == [] and report["scale"] == 0.05
 
     real_write_zoo = zoo_cli.write_zoo

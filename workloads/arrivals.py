@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from masa.common.errors import UserError
 from masa.sched.jobs import network_time_us
 from model_prep.manifest import NetworkManifest
 
@@ -117,8 +118,25 @@ def _from_gaps(gaps_us: np.ndarray, start_us: int) -> np.ndarray:
     return start_us + np.rint(cumulative_us).astype(np.int64)
 
 
+# Arrival times are int64 microseconds: a process spanning more is refused (UserError),
+# not wrapped around (an intensity of 1e-300 would make a gap of 1e306 us).
+MAX_SPAN_US = 2**62
+
+
+def _check_span(arrival: Arrival) -> None:
+    rate = arrival.mean_rate_per_s
+    gap_us = arrival.std_us or 0
+    if rate is not None:
+        gap_us += US_PER_S / rate if rate > 0 else float("inf")
+    if arrival.start_us + gap_us * 4 * arrival.count > MAX_SPAN_US:
+        raise UserError(f"arrivals: {arrival.count} jobs with a mean gap of {gap_us:.3g} us "
+                        "span more than the clock holds (2**62 us): raise the rate or the "
+                        "intensity, or lower the count")
+
+
 def arrival_times_us(arrival: Arrival, rng: np.random.Generator) -> np.ndarray:
     """The arrival times (int64 microseconds, non-decreasing) of `arrival.count` jobs."""
+    _check_span(arrival)
     if arrival.kind == "periodic":
         return periodic_times_us(arrival.count, _need(arrival.interval_us, "interval_us"),
                                  arrival.start_us)

@@ -23,6 +23,7 @@ import yaml
 
 from masa.common.errors import ErrorCollector, UserError
 from masa.common.graphs import find_cycle, topological_order
+from masa.common.yamlsafe import bounded_loader
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest
 from workloads.arrivals import ARRIVAL_KINDS, Arrival, Composition
 from workloads.conditions import CALLABLE_FORMS, resolve_callable
@@ -49,6 +50,13 @@ _ARRIVAL_FIELDS = {
 }
 _TOP_FIELDS = {"format", "name", "description", "graph", "input", "arrivals", "composition",
                "intensity"}
+# Size limits (docs/workload-format.md): beyond them a file is a mistake, and acting
+# on it would exhaust the device (10**9 arrivals are 7.5 GiB of times before --jobs).
+MAX_ARRIVALS = 1_000_000
+MAX_NETWORKS = 256
+MAX_TIME_MS = 1e9  # about 11.6 days: any time or gap in the file
+MIN_RATE_PER_S, MAX_RATE_PER_S = 1e-6, 1e6
+MAX_INTENSITY = 1e6
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -69,6 +77,9 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_LOADER = bounded_loader(_StrictLoader)  # and no integer too long to print
+
+
 def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     """Load and validate a workload file; raise UserError listing every problem.
 
@@ -79,7 +90,7 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     if not source.is_file():
         raise UserError(f"{source}: no such workload file")
     try:
-        raw = yaml.load(source.read_text(), Loader=_StrictLoader)  # a SafeLoader subclass
+        raw = yaml.load(source.read_text(), Loader=_LOADER)  # a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -89,6 +100,10 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
         raise UserError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError:
         raise UserError(f"{source}: not a text file") from None
+    except RecursionError:
+        raise UserError(f"{source}: not valid YAML: nested too deeply") from None
+    except OSError as exc:
+        raise UserError(f"{source}: cannot read the workload: {exc.strerror or exc}") from None
     errors = ErrorCollector(str(source))
     if not isinstance(raw, dict):
         errors.add("", f"expected a mapping at the top level, got {type(raw).__name__}")
@@ -151,6 +166,9 @@ def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
     if not isinstance(raw, dict) or not raw:
         errors.add("graph", f"expected a non-empty mapping of network names, got {raw!r}")
         return []
+    if len(raw) > MAX_NETWORKS:
+        errors.add("graph", f"expected at most {MAX_NETWORKS} networks, got {len(raw)}")
+        return []
     names = [str(name) for name in raw]
     nodes = []
     for name, entry in raw.items():
@@ -205,9 +223,19 @@ def _upstream_for(errors: ErrorCollector, raw: Mapping[str, Any], path: str,
 
 
 def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None = None,
-            high: float | None = None, positive: bool = False) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            high: float | None = None, positive: bool = False,
+            limit: float | None = None) -> float | None:
+    """A finite number within [low, high] (positive: > 0); `limit` is a size limit
+    (MAX_TIME_MS...), reported on its own."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         errors.add(path, f"expected a number, got {value!r}")
+        return None
+    if isinstance(value, int) and abs(value) > 10**300:  # float() would overflow
+        errors.add(path, "expected a number of a sensible size, got an integer of "
+                   f"{len(str(abs(value)))} digits")
+        return None
+    if not math.isfinite(value):
+        errors.add(path, f"expected a finite number, got {value!r}")
         return None
     if positive and value <= 0:
         errors.add(path, f"expected a positive number, got {value}")
@@ -216,6 +244,9 @@ def _number(errors: ErrorCollector, value: Any, path: str, *, low: float | None 
         expected = (f"a number >= {low:g}" if high is None else
                     f"a number <= {high:g}" if low is None else f"a number in [{low:g}, {high:g}]")
         errors.add(path, f"expected {expected}, got {value}")
+        return None
+    if limit is not None and value > limit:
+        errors.add(path, f"expected at most {limit:g}, got {value}")
         return None
     return float(value)
 
@@ -326,15 +357,16 @@ def _network_order(errors: ErrorCollector, nodes: list[NetworkNode]
     """Nodes with upstreams first, otherwise in file order; a cycle is reported."""
     by_name = {node.name: node for node in nodes}
     names = list(by_name)
-    order = topological_order(names, [(up, node.name) for node in nodes for up in node.after])
+    # An upstream whose own entry was invalid (reported already) is not a node here.
+    edges = [(up, node.name) for node in nodes for up in node.after if up in by_name]
+    order = topological_order(names, edges)
     if order is not None:
         return tuple(by_name[name] for name in order)
     # Walk upstream edges from names in sorted order, each node's upstreams sorted
     # too, so the cycle reported (and where) depends only on the graph, never on
     # the file's order. find_cycle's path runs downstream -> upstream: reversed,
     # it reads as the data flows.
-    cycle = find_cycle(sorted(names),
-                       sorted((node.name, up) for node in nodes for up in node.after))
+    cycle = find_cycle(sorted(names), sorted((after, up) for up, after in edges))
     cycle.reverse()
     errors.add(f"graph.{cycle[0]}.after", f"cycle in the job graph: {' -> '.join(cycle)}")
     return tuple(nodes)
@@ -424,7 +456,11 @@ def _parse_input(errors: ErrorCollector, raw: Any, base_dir: Path) -> InputSpec:
 def _parse_intensity(errors: ErrorCollector, raw: Mapping[str, Any]) -> float | None:
     if "intensity" not in raw:
         return None
-    return _number(errors, raw["intensity"], "intensity", positive=True)
+    value = _number(errors, raw["intensity"], "intensity", positive=True)
+    if value is not None and value > MAX_INTENSITY:
+        errors.add("intensity", f"expected a number <= {MAX_INTENSITY:g}, got {value}")
+        return None
+    return value
 
 
 def _ms_to_us(value: float) -> int:
@@ -449,11 +485,16 @@ def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Ar
     count = errors.get(raw, "count", int, "arrivals", required=kind != "trace")
     if count is not None and count < 1:
         errors.add("arrivals.count", f"expected an integer >= 1, got {count}")
+    elif count is not None and count > MAX_ARRIVALS:
+        errors.add("arrivals.count", f"expected at most {MAX_ARRIVALS} jobs, got {count} "
+                   "(run the first N with --jobs, or split the workload)")
+        count = None
     seed = errors.get(raw, "seed", int, "arrivals", required=False, default=0)
     if seed is not None and seed < 0:
         errors.add("arrivals.seed", f"expected an integer >= 0, got {seed}")
     start_ms = raw.get("start_ms", 0)
-    start = _number(errors, start_ms, "arrivals.start_ms", low=0.0) if "start_ms" in raw else 0.0
+    start = (_number(errors, start_ms, "arrivals.start_ms", low=0.0, limit=MAX_TIME_MS)
+             if "start_ms" in raw else 0.0)
     rate_field = _RATE_FIELDS.get(kind)
     if has_intensity:
         if kind == "trace":
@@ -464,7 +505,8 @@ def _parse_arrivals(errors: ErrorCollector, raw: Any, has_intensity: bool) -> Ar
         errors.add(f"arrivals.{rate_field}", "missing field, expected a positive number "
                    "(or set 'intensity')")
     values, count = _arrival_values(errors, raw, kind, count)
-    if count is None or count < 1 or seed is None or seed < 0 or start is None:
+    if (count is None or not 1 <= count <= MAX_ARRIVALS or seed is None or seed < 0
+            or start is None):
         return fallback
     return Arrival(kind=kind, count=count, seed=seed, start_us=_ms_to_us(start), **values)
 
@@ -474,29 +516,40 @@ def _arrival_values(errors: ErrorCollector, raw: Mapping[str, Any], kind: str,
     """The Arrival fields of one kind, in microseconds, and the count (a trace may set it)."""
     values: dict[str, Any] = {}
     if kind == "periodic" and "interval_ms" in raw:
-        interval = _number(errors, raw["interval_ms"], "arrivals.interval_ms", positive=True)
+        interval = _number(errors, raw["interval_ms"], "arrivals.interval_ms", positive=True,
+                           limit=MAX_TIME_MS)
         values["interval_us"] = max(1, _ms_to_us(interval)) if interval is not None else None
     elif kind == "normal":
         if "mean_ms" in raw:
-            mean = _number(errors, raw["mean_ms"], "arrivals.mean_ms", positive=True)
+            mean = _number(errors, raw["mean_ms"], "arrivals.mean_ms", positive=True,
+                           limit=MAX_TIME_MS)
             values["mean_us"] = max(1, _ms_to_us(mean)) if mean is not None else None
         if "std_ms" in raw and "cv" in raw:
             errors.add("arrivals.cv", "set either std_ms or cv, not both")
         elif "std_ms" in raw:
-            std = _number(errors, raw["std_ms"], "arrivals.std_ms", low=0.0)
+            std = _number(errors, raw["std_ms"], "arrivals.std_ms", low=0.0, limit=MAX_TIME_MS)
             values["std_us"] = _ms_to_us(std) if std is not None else None
         elif "cv" in raw:
-            values["cv"] = _number(errors, raw["cv"], "arrivals.cv", low=0.0)
+            values["cv"] = _number(errors, raw["cv"], "arrivals.cv", low=0.0, limit=1000.0)
         else:
             errors.add("arrivals.std_ms", "missing field, expected std_ms (or cv, the std as "
                        "a fraction of the mean)")
     elif kind == "poisson" and "rate_per_s" in raw:
-        values["rate_per_s"] = _number(errors, raw["rate_per_s"], "arrivals.rate_per_s",
-                                       positive=True)
+        rate = _number(errors, raw["rate_per_s"], "arrivals.rate_per_s", positive=True,
+                       limit=MAX_RATE_PER_S)
+        if rate is not None and rate < MIN_RATE_PER_S:
+            errors.add("arrivals.rate_per_s", f"expected a rate >= {MIN_RATE_PER_S:g} per "
+                       f"second, got {rate}")
+            rate = None
+        values["rate_per_s"] = rate
     elif kind == "trace":
         times = errors.get(raw, "times_ms", list, "arrivals")
+        if times is not None and len(times) > MAX_ARRIVALS:
+            errors.add("arrivals.times_ms", f"expected at most {MAX_ARRIVALS} times, "
+                       f"got {len(times)}")
+            times = None
         if times is not None:
-            parsed = [_number(errors, t, f"arrivals.times_ms[{i}]", low=0.0)
+            parsed = [_number(errors, t, f"arrivals.times_ms[{i}]", low=0.0, limit=MAX_TIME_MS)
                       for i, t in enumerate(times)]
             if not parsed:
                 errors.add("arrivals.times_ms", "expected at least one time")

@@ -470,6 +470,7 @@ def write_zoo(
     verify: bool = False,
     show_progress: bool | None = False,
     load_mode: str = DEFAULT_LOAD_MODE,
+    max_stage_bytes: int = 0,
 ) -> list[NetworkManifest]:
     """Build zoo networks and prepare each into `store_dir/NAME/` (split, profile).
 
@@ -480,6 +481,8 @@ def write_zoo(
     is then kept as `NAME/source.onnx` and the manifest's source path names it.
     show_progress: None draws progress bars when stderr is a terminal.
     load_mode: how stage files hold weights ("mmap" or "copy", model_prep.stage_files).
+    max_stage_bytes: > 0 slices operators with more weight bytes into several
+    stages (`masa prepare --max-stage-bytes`, model_prep.slicing).
     Returns the manifests as loaded (and validated) from their final place, in
     the order of `names` (all nine when empty).
     """
@@ -501,7 +504,8 @@ def write_zoo(
             source = save_model(name, staging / f"{name}.onnx", scale, seed)
             prepared = prepare_network(source, store, name, profile=profile,
                                        profile_runs=profile_runs, verify=verify, seed=seed,
-                                       show_progress=show_progress, load_mode=load_mode)
+                                       show_progress=show_progress, load_mode=load_mode,
+                                       max_stage_weight_bytes=max_stage_bytes)
             network_dir = prepared.manifest.directory
             os.replace(source, network_dir / SOURCE_NAME)
             write_manifest(replace(prepared.manifest,

@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="time between image arrivals (default 100 ms)")
     demo.add_argument("--memory", type=memory_size, default=None,
                       help="memory budget (default: 30%% of what the networks need together, "
-                           "at least what the largest task holds)")
+                           "at least 1.25x what the largest task holds)")
     demo.add_argument("--workers", type=positive_int, default=2)
     demo.add_argument("--plot", type=Path, help="write the comparison as a PNG")
     demo.add_argument("--report", type=Path, help="write the three reports as JSON")
@@ -61,6 +61,22 @@ def network_need_bytes(manifest: NetworkManifest) -> int:
     resident = sum(cost.resident_bytes + cost.output_bytes for cost in costs)
     transient = max(max(cost.load_transient_bytes, cost.exec_bytes) for cost in costs)
     return resident + transient
+
+
+# What no profile sees (Python objects, heap not yet returned, the allocations of
+# many live sessions: about 1-3 MiB at the demo's scale) still counts against the
+# budget in a real run (memory source "measured"), so the budget leaves room for it
+# beside the largest task: a quarter of that task's footprint.
+UNMODELLED_ALLOWANCE = 0.25
+
+
+def demo_budget_bytes(prepared: PreparedRun, need_bytes: int) -> int:
+    """30% of what the networks need loaded together, but room for the largest task
+    with what it holds (its own memory, the locks it opens, a job's inputs) and the
+    unmodelled allowance: otherwise every job would run that task under the progress
+    rule, alone, over the budget."""
+    largest_bytes = largest_footprint_bytes(prepared)
+    return max(int(0.3 * need_bytes), int((1 + UNMODELLED_ALLOWANCE) * largest_bytes))
 
 
 def largest_footprint_bytes(prepared: PreparedRun) -> int:
@@ -104,11 +120,7 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
         f"count: {args.jobs}, seed: 1}}\n"
     ))
     prepared = prepare_run(workload_path, store)
-    # 30% of the total, but room for the largest task with what it holds (its own
-    # memory, the locks it opens, a job's inputs): otherwise every job would run
-    # that task under the progress rule, alone, over the budget.
-    budget_bytes = (args.memory if args.memory
-                    else max(int(0.3 * need_bytes), largest_footprint_bytes(prepared)))
+    budget_bytes = args.memory if args.memory else demo_budget_bytes(prepared, need_bytes)
     print(f"\nThe four networks need {format_bytes(need_bytes)} loaded together; the budget "
           f"is {format_bytes(budget_bytes)}. {args.jobs} images, one every "
           f"{args.interval_ms:g} ms, {args.workers} workers, real ONNX Runtime execution:\n")
@@ -123,10 +135,12 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
           "working memory, the tensors between stages, each job's inputs and kept "
           "outputs. Masa keeps it within the budget (beyond it only when one task alone "
           "does not fit and nothing else runs); Bulk and DeepEye ignore the budget. "
-          "Measured memory is the process's exact peak above its baseline (VmHWM), "
-          "anonymous and file-backed (the mapped weights) at the scheduling decisions; "
-          "it also holds what the ledger does not count (Python objects, heap not yet "
-          "returned). `masa run --memory-source measured` makes Masa schedule against it.")
+          "Measured memory is what the process really held above its baseline, sampled "
+          "at every decision and every 2 ms: anonymous memory (sessions, tensors, Python "
+          "objects, heap not yet returned) plus the loaded stages' weights in memory (the "
+          "mapped weight files' pages in the page cache, held from each LOAD on); "
+          "'anon' and 'weights' are the two parts' own peaks. `masa run --memory-source "
+          "measured` makes Masa schedule against it.")
     if args.plot:
         plot_comparison(reports, args.plot, "masa demo")
     if args.report:

@@ -31,7 +31,9 @@ from masa.common.errors import (
     RunFailed,
     UserError,
     one_line,
+    os_error_line,
 )
+from masa.common.signals import handle_signals, interrupted_exit_code
 
 # command -> (module that registers it, one-line help), in `masa --help` order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "infer": ("masa.cli.run", "run one network on one input through the layer scheduler"),
     "demo": ("masa.cli.demo", "prepare a scaled zoo and compare the policies on it"),
     "optimal": ("solver.cli", "optimal schedule (CP-SAT) vs the heuristic on an instance"),
+    "serve": ("masa.serve.cli", "run the device daemon (HTTP API, journal, metrics)"),
+    "submit": ("masa.serve.client", "send images or tensors to a running `masa serve`"),
 }
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -116,32 +120,44 @@ def run_handler(parser: argparse.ArgumentParser, args: argparse.Namespace, prog:
     if handler is None:
         parser.print_help()
         return EXIT_USAGE
+    debug = bool(getattr(args, "debug", False))
     try:
-        load_plugins(getattr(args, "plugin", []))
-        return int(handler(args) or 0)
+        with handle_signals():  # SIGINT/SIGTERM raise Interrupted (masa.common.signals)
+            load_plugins(getattr(args, "plugin", []))
+            return int(handler(args) or 0)
     except RunFailed as failure:
-        print(f"{prog}: error: {failure}", file=sys.stderr)
+        _print_error(prog, f"error: {failure}", debug)
         return EXIT_FAILED
     except MemoryError as error:  # the machine's limit: neither bad input nor a bug
-        print(f"{prog}: error: out of memory ({one_line(error)})", file=sys.stderr)
+        _print_error(prog, f"error: out of memory ({one_line(error)})", debug)
         return EXIT_FAILED
     except UserError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        _print_error(prog, f"error: {error}", debug)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interruption:  # Ctrl-C, or masa.common.signals.Interrupted
+        print(f"{prog}: {interruption or 'interrupted'}", file=sys.stderr)
+        return interrupted_exit_code(interruption)
     except BrokenPipeError:
         # The reader went away (`masa optimal ... | head`): not an error of ours.
         # Point stdout at devnull so the interpreter's final flush stays quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except OSError as error:  # the machine's (a full or read-only disk), not a bug of ours
+        _print_error(prog, f"error: {os_error_line(error)}", debug)
+        return EXIT_FAILED
     except Exception as error:  # a bug: one line, the traceback only when asked for
         if getattr(args, "debug", False):
             traceback.print_exc()
         print(f"{prog}: internal error: {type(error).__name__}: {error} "
               "(run with --debug for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _print_error(prog: str, line: str, debug: bool) -> None:
+    """One line on stderr; with --debug the traceback first."""
+    if debug:
+        traceback.print_exc()
+    print(f"{prog}: {' '.join(line.split())}", file=sys.stderr)  # one line, always
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "masa") -> int:

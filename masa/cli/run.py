@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from masa.common.argtypes import memory_size, positive_int
+from masa.common.argtypes import MEMORY_HELP, memory_budget, output_file, positive_int
 from masa.common.atomic import atomic_save_png, atomic_write_bytes
-from masa.common.errors import UserError
+from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.units import format_bytes
 from masa.runtime.registry import POLICY_NAMES
@@ -25,23 +27,33 @@ if TYPE_CHECKING:
     from masa.runtime.runner import PreparedRun, RunOutcome, RunSettings
 
 MEMORY_SOURCES = ("model", "measured")
+DEFAULT_MEMORY_BYTES = 512 * 2**20
 CONTEXT_MODES = ("oblivious", "wait", "preempt")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, type=Path,
                         help="store of prepared networks (masa prepare / masa zoo)")
-    parser.add_argument("--memory", type=memory_size, default=memory_size("512MiB"),
-                        help="memory budget, a size with a unit: 512MiB, 1GiB (default 512MiB)")
+    parser.add_argument("--memory", type=memory_budget, default=None,
+                        help="memory budget, a size with a unit: 512MiB, 1GiB (default 512MiB; "
+                             "with --device the device's memory cap less the runtime's "
+                             f"measured base); {MEMORY_HELP}; at least what the largest "
+                             "task needs alone")
+    parser.add_argument("--device", metavar="NAME|FILE",
+                        help="run each policy on an emulated device (a preset such as "
+                             "pi4-2g, or a device YAML; needs root and cgroups): memory cap, "
+                             "storage throttle, cold page cache (docs/device-emulation.md)")
     parser.add_argument("--workers", type=positive_int, default=2,
                         help="worker threads (default 2)")
     parser.add_argument("--context", default="oblivious", choices=CONTEXT_MODES,
                         help="context-aware execution (default oblivious)")
     parser.add_argument("--simulate", action="store_true",
                         help="discrete-event simulation with the profiled durations")
-    parser.add_argument("--memory-source", default="model", choices=MEMORY_SOURCES,
-                        help="free memory from the ledger only (model) or reconciled "
-                             "with measured process memory (measured)")
+    parser.add_argument("--memory-source", default="measured", choices=MEMORY_SOURCES,
+                        help="free memory from the ledger alone (model), or reconciled with "
+                             "the process's measured memory before every decision (measured, "
+                             "the default): what the process holds beyond the ledger "
+                             "shrinks the budget the scheduler sees")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="number of jobs: run only the first N of the workload")
     add_json_flag(parser, "the report")
@@ -56,8 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("workload", help="workload YAML, or a packaged scenario name")
     run.add_argument("--policy", default="masa", choices=POLICY_NAMES)
     _add_run_options(run)
-    run.add_argument("--report", type=Path, help="write the report JSON here")
-    run.add_argument("--trace", type=Path, help="write a Chrome trace (Perfetto) here")
+    run.add_argument("--report", type=output_file,
+                     help="write the report JSON here (on SIGINT/SIGTERM: the partial report, "
+                          "then exit 130/143)")
+    run.add_argument("--trace", type=output_file, help="write a Chrome trace (Perfetto) here")
     run.set_defaults(handler=run_command)
 
     compare = subparsers.add_parser(
@@ -68,9 +82,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--policies", default="masa,bulk,deepeye",
                          help="comma-separated policies (default masa,bulk,deepeye)")
     _add_run_options(compare)
-    compare.add_argument("--plot", type=Path,
+    compare.add_argument("--plot", type=output_file,
                          help="write a PNG bar chart here (needs masa[plot])")
-    compare.add_argument("--report", type=Path, help="write all reports as one JSON here")
+    compare.add_argument("--report", type=output_file,
+                         help="write all reports as one JSON here (on SIGINT/SIGTERM: those "
+                              "done and the partial one)")
     compare.set_defaults(handler=compare_command)
 
     infer = subparsers.add_parser(
@@ -81,10 +97,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     infer.add_argument("--store", required=True, type=Path)
     infer.add_argument("--model", required=True, help="network name in the store")
     infer.add_argument("--input", required=True, type=Path, help=".npy or .npz input")
-    infer.add_argument("--out", required=True, type=Path, help=".npz file for the outputs")
+    infer.add_argument("--out", required=True, type=output_file,
+                       help=".npz file for the outputs")
     infer.add_argument("--policy", default="masa", choices=POLICY_NAMES)
-    infer.add_argument("--memory", type=memory_size, default=memory_size("256MiB"),
-                       help="memory budget, a size with a unit (default 256MiB)")
+    infer.add_argument("--memory", type=memory_budget, default=memory_budget("256MiB"),
+                       help=f"memory budget, a size with a unit (default 256MiB); {MEMORY_HELP}")
     infer.add_argument("--workers", type=positive_int, default=1)
     add_json_flag(infer, "the outputs' names, dtypes and shapes")
     infer.set_defaults(handler=infer_command)
@@ -94,8 +111,9 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
     from masa.runtime.runner import RunSettings
 
     settings = RunSettings(policy=policy, workers=args.workers,
-                           memory_budget_bytes=args.memory,
-                           memory_source=getattr(args, "memory_source", "model"))
+                           memory_budget_bytes=(DEFAULT_MEMORY_BYTES if args.memory is None
+                                                else args.memory),
+                           memory_source=getattr(args, "memory_source", "measured"))
     settings.check()
     return settings
 
@@ -116,9 +134,16 @@ def run_command(args: argparse.Namespace) -> int:
     from masa.report.report import format_table, outcome_report, outcome_trace, write_json
     from masa.runtime.runner import execute
 
+    if getattr(args, "device", None):
+        return _run_on_device(args)
     settings = _settings(args, args.policy)
     prepared = _prepare(args)
-    outcome = execute(prepared, settings, simulate=args.simulate)
+    _check_budget(prepared, settings)
+    try:
+        outcome = execute(prepared, settings, simulate=args.simulate)
+    except KeyboardInterrupt as interruption:  # SIGINT/SIGTERM: report what ran, then exit
+        _write_partial(args, interruption, lambda report: report)
+        raise
     report = outcome_report(outcome, {"workload": str(args.workload)})
     if args.json:
         print_json(report)
@@ -128,26 +153,110 @@ def run_command(args: argparse.Namespace) -> int:
         for group, error in sorted(outcome.errors.items()):
             print(f"failed: {group}: {error}")
     if args.report:
-        write_json(args.report, report)
+        with writing(args.report, "the report"):
+            write_json(args.report, report)
     if args.trace:
-        write_json(args.trace, outcome_trace(outcome))
+        with writing(args.trace, "the trace"):
+            write_json(args.trace, outcome_trace(outcome))
     return 1 if _failed(report) else 0
 
 
-def _failed(report: dict[str, Any]) -> bool:
-    """A job failed, or a memory-aware policy broke the progress rule."""
+def _check_budget(prepared: PreparedRun, settings: RunSettings) -> None:
+    from masa.runtime.runner import check_budget
+
+    check_budget(prepared.graph, settings.memory_budget_bytes)
+
+
+def _write_partial(args: argparse.Namespace, interruption: KeyboardInterrupt,
+                   document: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """An interrupted run's report (marked partial) into --report and --trace, when the
+    run had started (masa.common.signals); `document` wraps the report for the file."""
+    from masa.report.report import outcome_report, outcome_trace, write_json
+    from masa.runtime.runner import RunOutcome
+
+    outcome = getattr(interruption, "partial", None)
+    if not isinstance(outcome, RunOutcome):
+        return
+    report = outcome_report(outcome, {"workload": str(args.workload)})
     summary = report["summary"]
-    return bool(summary["jobs_failed"] or summary["progress_rule_violations"])
+    print(f"interrupted by {outcome.interrupted}: {summary['jobs_interrupted']} of "
+          f"{summary['jobs']} jobs did not finish", file=sys.stderr)
+    if args.report:
+        with writing(args.report, "the partial report"):
+            write_json(args.report, document(report))
+        print(f"partial report written to {args.report}", file=sys.stderr)
+    if getattr(args, "trace", None):
+        with writing(args.trace, "the partial trace"):
+            write_json(args.trace, outcome_trace(outcome))
+
+
+def _failed(report: dict[str, Any]) -> bool:
+    """A job failed, or a memory-aware policy broke the progress rule (or, on an
+    emulated device, the run was killed)."""
+    summary = report["summary"]
+    return bool(summary["jobs_failed"] or summary["progress_rule_violations"]
+                or report.get("status", "finished") != "finished")
+
+
+def _run_on_device(args: argparse.Namespace) -> int:
+    """`masa run --device`: the run in a child process on the emulated device."""
+    from masa.cli.emulated import emulated_policy_report, prepare_for_device
+    from masa.report.report import format_emulation, format_table, write_json
+
+    plan, prepared = prepare_for_device(args)
+    report = emulated_policy_report(args, plan, args.policy, prepared)
+    if args.json:
+        print_json(report)
+    else:
+        if report["status"] == "finished":
+            print(format_table(report))
+        print(format_emulation(report))
+    if args.report:
+        write_json(args.report, report)
+    if args.trace:
+        print("--trace: not written for a run on an emulated device")
+    return 1 if _failed(report) else 0
+
+
+def _compare_on_device(args: argparse.Namespace, policies: list[str]) -> int:
+    """`masa compare --device`: each policy in its own child on the emulated device."""
+    from masa.cli.emulated import emulated_policy_report, prepare_for_device
+    from masa.report.report import format_emulation, write_json
+
+    plan, prepared = prepare_for_device(args)
+    reports = {policy: emulated_policy_report(args, plan, policy, prepared)
+               for policy in policies}
+    document = {"workload": str(args.workload), "device": plan.device.as_dict(),
+                "reports": reports}
+    if args.json:
+        print_json(document)
+    else:
+        print(f"{args.workload}: real runs of {len(prepared.jobs)} jobs on device "
+              f"{plan.device.name}, context {args.context}")
+        print(compare_reports(reports))
+        for policy, report in reports.items():
+            print(f"{policy}: {format_emulation(report)}")
+    if args.plot:
+        plot_comparison(reports, args.plot, f"{args.workload} on {plan.device.name}")
+    if args.report:
+        write_json(args.report, document)
+    return 1 if any(_failed(report) for report in reports.values()) else 0
 
 
 def compare_reports(reports: dict[str, dict[str, Any]]) -> str:
     """One table of the policies' figures, with Masa's gain over each other policy."""
     header = (f"{'policy':<9} {'mean ms':>9} {'p50 ms':>9} {'p95 ms':>9} {'makespan s':>11} "
-              f"{'peak reserved':>14} {'peak measured':>14} {'anon':>10} {'file':>10} "
+              f"{'peak reserved':>14} {'peak measured':>14} {'anon':>10} {'weights':>10} "
               f"{'util':>5} {'failed':>6}")
     lines = [header, "-" * len(header)]
     for policy, report in reports.items():
         summary = report["summary"]
+        if report.get("status", "finished") != "finished":  # no figures to show or average
+            lines.append(f"{policy:<9} {report['status'].upper()} after "
+                         f"{summary.get('ended_at_s')} s, "
+                         f"{summary.get('jobs_finished_before_end')} of {summary['jobs']} "
+                         f"jobs finished: {summary.get('reason')}")
+            continue
         stats = summary["response_us"]
         lines.append(
             f"{policy:<9} {_ms(stats['mean']):>9} {_ms(stats['p50']):>9} "
@@ -155,13 +264,13 @@ def compare_reports(reports: dict[str, dict[str, Any]]) -> str:
             f"{format_bytes(summary['peak_reserved_bytes']):>14} "
             f"{_size(summary.get('peak_measured_bytes')):>14} "
             f"{_size(summary.get('peak_anonymous_bytes')):>10} "
-            f"{_size(summary.get('peak_file_backed_bytes')):>10} "
+            f"{_size(summary.get('peak_stage_file_bytes')):>10} "
             f"{100 * summary['worker_utilisation']:>4.0f}% {summary['jobs_failed']:>6}")
     masa_mean = reports.get("masa", {}).get("summary", {}).get("response_us", {}).get("mean")
     if masa_mean:
         for policy, report in reports.items():
             other = report["summary"]["response_us"]["mean"]
-            if policy != "masa" and other:
+            if policy != "masa" and other and report.get("status", "finished") == "finished":
                 gain = 100 * (masa_mean / other - 1)
                 lines.append(f"masa vs {policy}: mean response {gain:+.1f}%")
     return "\n".join(lines)
@@ -179,7 +288,9 @@ def _pyplot() -> Any:
     """matplotlib's pyplot (Agg), or a one-line error naming the extra to install."""
     try:
         import matplotlib
-    except ImportError:
+    except ModuleNotFoundError as error:
+        if error.name != "matplotlib":  # installed but broken: the real error, not this
+            raise
         raise UserError("--plot needs matplotlib: pip install 'masa[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -193,8 +304,11 @@ def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) 
     policies = list(reports)
     means = [(reports[p]["summary"]["response_us"]["mean"] or 0) / 1000 for p in policies]
     p95s = [(reports[p]["summary"]["response_us"]["p95"] or 0) / 1000 for p in policies]
-    peaks = [reports[p]["summary"]["peak_reserved_bytes"] / 2**20 for p in policies]
-    budget_mib = next(iter(reports.values()))["memory_budget_bytes"] / 2**20
+    peaks = [(reports[p]["summary"]["peak_reserved_bytes"] or 0) / 2**20 for p in policies]
+    budget_mib = max((r["memory_budget_bytes"] or 0) for r in reports.values()) / 2**20
+    # A killed run has no figures: its bars stay empty and its label says why.
+    policies = [p if reports[p].get("status", "finished") == "finished"
+                else f"{p}\n({reports[p]['status']})" for p in policies]
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     x = list(range(len(policies)))
     left.bar([i - 0.2 for i in x], means, 0.4, label="mean")
@@ -209,8 +323,11 @@ def plot_comparison(reports: dict[str, dict[str, Any]], path: Path, title: str) 
     right.legend()
     figure.suptitle(title)
     figure.tight_layout()
-    atomic_save_png(figure, path)
-    plt.close(figure)
+    try:
+        with writing(path, "the plot"):
+            atomic_save_png(figure, path)
+    finally:
+        plt.close(figure)
 
 
 def parse_policies(text: str) -> list[str]:
@@ -229,11 +346,20 @@ def compare_command(args: argparse.Namespace) -> int:
     from masa.runtime.runner import execute
 
     policies = parse_policies(args.policies)
+    if getattr(args, "device", None):
+        return _compare_on_device(args, policies)
     prepared = _prepare(args)
+    _check_budget(prepared, _settings(args, policies[0]))
     reports: dict[str, dict[str, Any]] = {}
     description = ""
     for policy in policies:
-        outcome = execute(prepared, _settings(args, policy), simulate=args.simulate)
+        try:
+            outcome = execute(prepared, _settings(args, policy), simulate=args.simulate)
+        except KeyboardInterrupt as interruption:  # the reports so far, and the partial one
+            _write_partial(args, interruption, lambda report, policy=policy: {
+                "workload": str(args.workload), "partial": True,
+                "reports": {**reports, policy: report}})
+            raise
         reports[policy] = outcome_report(outcome, {"workload": str(args.workload)})
         description = _describe(outcome)
     document = {"workload": str(args.workload), "reports": reports}
@@ -245,7 +371,8 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.plot:
         plot_comparison(reports, args.plot, f"{args.workload}: {description}")
     if args.report:
-        write_json(args.report, document)
+        with writing(args.report, "the report"):
+            write_json(args.report, document)
     return 1 if any(_failed(report) for report in reports.values()) else 0
 
 
@@ -259,7 +386,8 @@ def infer_command(args: argparse.Namespace) -> int:
     outputs = run_network(args.store, args.model, load_feeds(args.input), settings)
     buffer = io.BytesIO()
     np.savez(buffer, **outputs)
-    atomic_write_bytes(args.out, buffer.getvalue())
+    with writing(args.out, "the outputs"):
+        atomic_write_bytes(args.out, buffer.getvalue())
     _print_outputs(outputs, args.json)
     return 0
 

@@ -10,7 +10,8 @@ so a user fixes all of them in one go.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -49,7 +50,8 @@ class ErrorCollector:
 
     def add(self, path: str, message: str) -> None:
         where = f"at '{path}': " if path else ""
-        self.problems.append(f"{self.source}: {where}{message}")
+        # A key or value from the file may hold a line break: the message stays one line.
+        self.problems.append(f"{self.source}: {where}{message}".replace("\n", "\\n"))
 
     def raise_if_any(self) -> None:
         if self.problems:
@@ -96,6 +98,30 @@ def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (ONNX Runtime's span many), or its type."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def os_error_line(exc: OSError, doing: str = "") -> str:
+    """One line for a failed file operation: '<file>: cannot write the report: No space
+    left on device'. `doing` says what was being done (optional)."""
+    where = exc.filename if exc.filename is not None else ""
+    cause = exc.strerror or one_line(exc)
+    parts = [str(where)] if where != "" else []
+    if doing:
+        parts.append(doing)
+    parts.append(cause)
+    return ": ".join(parts)
+
+
+@contextlib.contextmanager
+def writing(path: object, what: str) -> Iterator[None]:
+    """Turn a failed write of `path` (full or read-only disk, missing folder) into
+    RunFailed: '<path>: cannot write <what>: No space left on device' (exit 1)."""
+    try:
+        yield
+    except OSError as exc:
+        raise RunFailed(f"{path}: cannot write {what}: {exc.strerror or one_line(exc)}"
+                        ) from None
+
 
 # The exit codes of every command (masa.cli.main maps exceptions to them).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3

@@ -13,6 +13,10 @@ than the standard library and psutil:
   nothing else in the process allocates meanwhile;
 - `process_memory_bytes()`: the full split through psutil (smaps_rollup), for
   reports;
+- `page_cache_bytes(path)`: how much of a file is in memory (mincore), for the
+  stage data files a LOAD maps: those pages are the stage's weights, held for
+  it whether or not the process has touched them yet, and a memory cgroup is
+  charged for them;
 - the process's memory cgroup (v1 or v2): `find_memory_cgroup`,
   `read_cgroup_memory` and `CgroupMeter` (usage at the start of a run, its peak
   and OOM kills over the run). The root cgroup is never reported: its figures
@@ -24,6 +28,8 @@ at a fake tree.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,6 +106,77 @@ def process_memory_bytes(pid: int | None = None) -> dict[str, int]:
     info = psutil.Process(pid).memory_full_info()
     return {"rss": info.rss, "anonymous": info.rss - info.shared, "file_backed": info.shared,
             "uss": info.uss, "pss": getattr(info, "pss", 0), "swap": getattr(info, "swap", 0)}
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long)
+        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _load_libc()
+_PROT_READ, _MAP_SHARED = 1, 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = (("offset", ctypes.c_uint64), ("length", ctypes.c_uint64))
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = (("nr_cache", ctypes.c_uint64), ("nr_dirty", ctypes.c_uint64),
+                ("nr_writeback", ctypes.c_uint64), ("nr_evicted", ctypes.c_uint64),
+                ("nr_recently_evicted", ctypes.c_uint64))
+
+
+# cachestat(2), Linux >= 6.5: the same number on every architecture (a syscall
+# added after the tables were unified).
+_SYS_CACHESTAT = 451
+
+
+def page_cache_bytes(path: str | Path) -> int | None:
+    """Bytes of the file `path` in memory (the page cache) now; None where neither
+    cachestat(2) nor mincore(2) is available. Reading it faults nothing in.
+
+    cachestat takes about 0.2 ms for a 288 MiB file; mincore, the fallback for
+    kernels before 6.5, about 8 ms (it fills a byte per page).
+    """
+    if _LIBC is None:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        stat = _Cachestat()
+        whole_file = _CachestatRange(0, 0)  # length 0: to the end of the file
+        if _LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole_file), ctypes.byref(stat),
+                         0) == 0:
+            return min(size, stat.nr_cache * _PAGE_BYTES)
+        return _mincore_bytes(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _mincore_bytes(fd: int, size: int) -> int | None:
+    if size == 0:
+        return 0
+    address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        return None
+    try:
+        vector = (ctypes.c_ubyte * -(-size // _PAGE_BYTES))()
+        if _LIBC.mincore(address, size, vector) != 0:
+            return None
+        # Bit 0 of each byte: the page is resident (the other bits are reserved, 0).
+        return min(size, bytes(vector).count(1) * _PAGE_BYTES)
+    finally:
+        _LIBC.munmap(address, size)
 
 
 # ---------------------------------------------------------------- memory cgroup

@@ -28,12 +28,14 @@ if TYPE_CHECKING:  # only the type: importing the runner would load ONNX Runtime
     from masa.runtime.runner import RunOutcome
 
 REPORT_FORMAT = 1
-NETWORK_STATUSES = ("done", "failed", "skipped", "aborted")
+# "interrupted": a SIGINT/SIGTERM stopped the run before the network finished
+# (the report is then partial: `partial` true, `interrupted_by` the signal).
+NETWORK_STATUSES = ("done", "failed", "skipped", "aborted", "interrupted")
 # What a real run measured, next to the ledger's peak_reserved_bytes in the summary
 # (null in a simulation); peak_measured_bytes comes first.
 MEASURED_KEYS = ("peak_measured_source", "peak_anonymous_bytes", "peak_file_backed_bytes",
-                 "baseline_rss_bytes", "baseline_anonymous_bytes", "baseline_file_backed_bytes",
-                 "cgroup")
+                 "peak_stage_file_bytes", "peak_rss_above_baseline_bytes", "baseline_rss_bytes",
+                 "baseline_anonymous_bytes", "baseline_file_backed_bytes", "cgroup")
 
 
 def _stats_us(values: Sequence[int]) -> dict[str, float | None]:
@@ -136,8 +138,10 @@ def _job_records(graph: TaskGraph, schedule: Sequence[ScheduledTask], index: _Gr
             job["finish_us"] = max(job["finish_us"] or record["finish_us"], record["finish_us"])
         if status == "failed":
             job["status"] = "failed"
+        elif status == "interrupted" and job["status"] != "failed":
+            job["status"] = "interrupted"
     for job in jobs.values():
-        if job["finish_us"] is not None:
+        if job["finish_us"] is not None and job["status"] != "interrupted":
             job["response_us"] = job["finish_us"] - job["arrival_us"]
     return jobs
 
@@ -189,6 +193,7 @@ def build_report(
     over_commits: Iterable[OverCommit] = (),
     meta: Mapping[str, Any] | None = None,
     measured: Mapping[str, Any] | None = None,
+    interrupted: str | None = None,
 ) -> dict[str, Any]:
     """The report dict of one run (see docs/report-format.md).
 
@@ -203,6 +208,7 @@ def build_report(
       peaks, the baseline, the cgroup's figures); absent keys are null.
     reserved_timeline: the ledger's (time_us, reserved_bytes); default: computed
       from the schedule with masa.sched.checker.memory_profile.
+    interrupted: the signal that stopped the run; the report is then partial.
     """
     index = _index_graph(graph, job_arrivals_us)
     jobs = _job_records(graph, schedule, index, network_status, network_reason)
@@ -216,7 +222,7 @@ def build_report(
         memory_profile(graph, schedule)
     peak_reserved_bytes = max((b for _, b in timeline), default=0)
     job_responses = [j["response_us"] for j in jobs.values()
-                     if j["status"] != "failed" and j["response_us"] is not None]
+                     if j["status"] == "done" and j["response_us"] is not None]
     over_commit_list = [
         {"task_id": o.task_id, "time_us": o.time_us, "footprint_bytes": o.footprint_bytes,
          "reserved_bytes": o.reserved_bytes, "reason": o.reason}
@@ -228,9 +234,11 @@ def build_report(
         "workers": workers,
         "memory_budget_bytes": memory_budget_bytes,
         "meta": dict(meta or {}),
+        "partial": interrupted is not None, "interrupted_by": interrupted,
         "summary": {
             "jobs": len(jobs),
             "jobs_failed": sum(1 for j in jobs.values() if j["status"] == "failed"),
+            "jobs_interrupted": sum(1 for j in jobs.values() if j["status"] == "interrupted"),
             "response_us": _stats_us(job_responses),
             "makespan_us": span_us,
             "first_arrival_us": first_arrival_us,
@@ -359,6 +367,10 @@ def format_table(report: Mapping[str, Any]) -> str:
     cgroup = overall.get("cgroup")
     if cgroup:
         lines.append(format_cgroup(cgroup))
+    if report.get("partial"):
+        lines.append(f"PARTIAL: interrupted by {report.get('interrupted_by')}; "
+                     f"{overall.get('jobs_interrupted', 0)} of {overall['jobs']} jobs did not "
+                     "finish (status interrupted)")
     return "\n".join(lines)
 
 
@@ -404,10 +416,13 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
         network_status=outcome.network_status, network_reason=outcome.network_reason,
         measured_memory=samples, measured=measured,
         over_commits=outcome.over_commits,
+        interrupted=getattr(outcome, "interrupted", None),
         meta={"context": outcome.context, "simulated": outcome.simulated,
               "memory_source": settings.memory_source, "errors": outcome.errors,
               "error_tracebacks": outcome.error_details,
               "process_memory_after_bytes": outcome.process_memory_after,
+              # network -> sha256 of the manifest the run pinned (model_prep.store_lock)
+              "network_versions": getattr(outcome, "network_versions", {}),
               **dict(meta or {})},
     )
 
@@ -422,3 +437,72 @@ def outcome_trace(outcome: RunOutcome) -> dict:
         over_commits=outcome.over_commits,
         job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},
     )
+
+
+# ------------------------------------------------------------ emulated devices
+
+RUN_STATUSES = ("finished", "killed", "failed")
+
+
+def emulated_report(emulation: Mapping[str, Any], report: Mapping[str, Any] | None, *,
+                    policy: str, workers: int, jobs: int,
+                    meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The report of a run on an emulated device (masa.runtime.emulation.EmulatedRun.as_dict).
+
+    A finished run's report gains `status` and `emulation`; a killed or failed
+    run has no schedule, so its report has `status`, `emulation` and a summary
+    whose response times are null: it never enters an average.
+    """
+    status = emulation["status"]
+    if report is not None and status == "finished":
+        return {**report, "status": status, "emulation": dict(emulation)}
+    finished = len(emulation.get("jobs_finished", []))
+    return {
+        "format": REPORT_FORMAT,
+        "status": status,
+        "policy": policy,
+        "workers": workers,
+        "memory_budget_bytes": emulation.get("memory_budget_bytes"),
+        "meta": dict(meta or {}),
+        "summary": {
+            "jobs": jobs,
+            "jobs_finished_before_end": finished,
+            "jobs_failed": jobs - finished,
+            "ended_at_s": emulation.get("run_time_s"),
+            "reason": emulation.get("reason"),
+            "response_us": _stats_us([]),
+            "makespan_us": None,
+            "peak_reserved_bytes": None,
+            "over_commits": 0,
+            "progress_rule_violations": 0,
+            "worker_utilisation": None,
+        },
+        "emulation": dict(emulation),
+        "networks": {},
+        "jobs": [],
+        "over_commits": [],
+    }
+
+
+def format_emulation(report: Mapping[str, Any]) -> str:
+    """Two lines on a run's emulated device: what it was, what the run did on it."""
+    emulation = report["emulation"]
+    device = emulation["device"]
+    throttle = device["read_bytes_per_s"]
+    head = (f"device {device['name']}: cap {_size(device['memory_cap_bytes'])}, "
+            f"reads {'unthrottled' if not throttle else f'{throttle / 1e6:g} MB/s'}, "
+            f"swap {_size(device['swap_bytes'])}, {device['cores']} cores, "
+            f"{'cold' if device['cold_cache'] else 'warm'} page cache; budget "
+            f"{_size(emulation['memory_budget_bytes'])} (runtime base "
+            f"{_size(emulation['runtime_base_bytes'])})")
+    if emulation["status"] == "finished":
+        ended = "finished"
+    else:
+        ended = (f"{emulation['status'].upper()} after {emulation['run_time_s']} s with "
+                 f"{len(emulation['jobs_finished'])} jobs finished: {emulation['reason']}")
+    return (f"{head}\n{ended}; cgroup peak {_size(emulation['peak_cgroup_bytes'])} "
+            f"(anon {_size(emulation['peak_anonymous_bytes'])}, page cache "
+            f"{_size(emulation['peak_page_cache_bytes'])}, swap "
+            f"{_size(emulation['peak_swap_bytes'])}), read "
+            f"{_size(emulation['bytes_read'])} from storage, "
+            f"{emulation['major_faults']} major faults, OOM kills {emulation['oom_kills']}")

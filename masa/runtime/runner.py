@@ -14,23 +14,33 @@ status, memory), which masa.report.report turns into the report JSON and trace.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from masa.common.errors import RunFailed, UserError
+from masa.common.errors import RunFailed, UserError, one_line
+from masa.common.units import format_bytes
+from masa.runtime.driver import Observer
 from masa.runtime.registry import POLICY_NAMES, make_policy
-from masa.runtime.threads import MEMORY_SOURCES, RealExecutor, RealRunConfig
+from masa.runtime.threads import (
+    DEFAULT_MEMORY_SOURCE,
+    MEMORY_SOURCES,
+    RealExecutor,
+    RealRunConfig,
+    RealRunResult,
+)
 from masa.runtime.virtual import simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
 from masa.sched.core import OverCommit
 from masa.sched.jobs import JobSpec, build_job_graph, build_workload_graph, group_id, task_id
 from masa.sched.taskgraph import ScheduledTask, TaskGraph, TaskKind
 from model_prep.feeds import bind_feeds
-from model_prep.manifest import NetworkManifest, load_store_network
+from model_prep.manifest import NetworkManifest, load_manifest, load_store_network
+from model_prep.store_lock import PinnedNetwork
 from workloads.generation import generate_jobs, resolve_workload_path, should_run
 from workloads.inputs import network_inputs
 from workloads.loader import load_workload
@@ -46,7 +56,7 @@ class RunSettings:
     policy: str = "masa"
     workers: int = 2
     memory_budget_bytes: int = 512 * 2**20
-    memory_source: str = "model"
+    memory_source: str = DEFAULT_MEMORY_SOURCE
     intra_op_threads: int = 1
     # Real runs: keep every network's outputs in RunOutcome.outputs (by group).
     # Off by default: long runs would otherwise hold every job's results.
@@ -73,6 +83,14 @@ class PreparedRun:
     jobs: tuple[JobSpec, ...]
     graph: TaskGraph
     upstreams: Mapping[str, tuple[str, ...]]
+    # Each network's version held for the run (model_prep.store_lock): its stage
+    # files are read from the pinned directory, even if it is re-prepared meanwhile.
+    pins: tuple[PinnedNetwork, ...] = ()
+
+    @property
+    def network_versions(self) -> dict[str, str]:
+        """Network name -> sha256 of the manifest the run pinned."""
+        return {pin.name: pin.version for pin in self.pins}
 
 
 @dataclass
@@ -91,7 +109,8 @@ class RunOutcome:
     peak_reserved_bytes: int
     final_reserved_bytes: int
     memory_timeline: list[tuple[int, int, int | None]]  # (time_us, reserved, rss or None)
-    peak_measured_bytes: int | None = None  # RSS above the run's baseline (real runs)
+    # Anonymous above the run's baseline + loaded stages' weights in memory (real runs)
+    peak_measured_bytes: int | None = None
     live_sessions_after: int = 0
     dispatch_order: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
@@ -100,10 +119,35 @@ class RunOutcome:
     process_memory_after: dict[str, int] = field(default_factory=dict)  # real runs: by kind
     # Real runs: peak measured, anonymous / file-backed, cgroup (RealRunResult.measured_memory)
     measured_memory: dict[str, Any] | None = None
+    network_versions: dict[str, str] = field(default_factory=dict)  # name -> manifest sha256
+    # The signal that stopped a real run (SIGINT, SIGTERM): the outcome is partial and
+    # the networks it did not finish have the status "interrupted".
+    interrupted: str | None = None
 
 
 def load_manifests(store_dir: str | Path, names: Sequence[str]) -> dict[str, NetworkManifest]:
     return {name: load_store_network(store_dir, name) for name in names}
+
+
+def pin_manifests(store_dir: str | Path, names: Sequence[str]
+                  ) -> tuple[dict[str, NetworkManifest], tuple[PinnedNetwork, ...]]:
+    """Each network's manifest, read from the version the run pins (its stage files
+    are then read from that version too, whatever a prepare does meanwhile)."""
+    if not Path("/proc/self/fd").is_dir():  # no /proc: unpinned
+        return load_manifests(store_dir, names), ()
+    manifests, pins = {}, []
+    for name in names:
+        if not (Path(store_dir) / name).is_dir():
+            load_store_network(store_dir, name)  # the one-line error naming the store's
+        pin = PinnedNetwork(store_dir, name)
+        pins.append(pin)
+        try:
+            manifests[name] = load_manifest(pin.directory)
+        except UserError as error:  # name the store's path, not /proc/self/fd/N
+            message = str(error).replace(str(pin.directory), str(pin.store_path))
+            # (type(error)(message) would split a ValidationError's message into letters)
+            raise (RunFailed if isinstance(error, RunFailed) else UserError)(message) from None
+    return manifests, tuple(pins)
 
 
 def prepare_run(
@@ -123,7 +167,11 @@ def prepare_run(
                         f"got {context!r}")
     store = Path(store_dir)
     workload = load_workload(resolve_workload_path(workload_path), store_dir=store)
-    manifests = load_manifests(store, workload.networks)
+    manifests, pins = pin_manifests(store, workload.networks)
+    if jobs is None and job_limit is not None and job_limit < workload.arrivals.count:
+        # The first N jobs, without generating the others (the seeded draws are
+        # sequential: the first N of a shorter stream are the same).
+        workload = replace(workload, arrivals=replace(workload.arrivals, count=job_limit))
     job_list = tuple(jobs) if jobs is not None else tuple(generate_jobs(workload))
     if job_limit is not None:
         job_list = job_list[:job_limit]
@@ -136,7 +184,7 @@ def prepare_run(
     # the gate already ensures it; the edges then change nothing).
     graph = _with_transform_waits(graph, job_list, workload, manifests)
     return PreparedRun(workload, context, manifests, job_list, graph,
-                       upstreams if context != "oblivious" else {})
+                       upstreams if context != "oblivious" else {}, pins)
 
 
 def _with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: Workload,
@@ -165,7 +213,33 @@ def _with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: W
                      graph.start_after)
 
 
-def _controller(prepared: PreparedRun, simulate: bool) -> ContextController | None:
+@dataclass
+class _ConditionFailures:
+    """Conditions (`when:`) that raised instead of answering, by group: the network is
+    not run (the controller hears "no"), then reported failed with the exception."""
+
+    errors: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+
+    def record(self, job_id: int, network: str, error: Exception) -> None:
+        group = group_id(job_id, network)
+        self.errors[group] = (f"condition of {network!r} raised {type(error).__name__}: "
+                              f"{one_line(error)}")
+        self.details[group] = traceback.format_exc()
+        log.error("job %d: %s", job_id, self.errors[group])
+        log.debug("job %d: the condition of %r failed:\n%s", job_id, network,
+                  self.details[group])
+
+    def apply(self, outcome: RunOutcome) -> None:
+        for group, message in self.errors.items():
+            outcome.network_status[group] = "failed"
+            outcome.network_reason[group] = message
+            outcome.errors.setdefault(group, message)
+            outcome.error_details.setdefault(group, self.details[group])
+
+
+def _controller(prepared: PreparedRun, simulate: bool,
+                failures: _ConditionFailures | None = None) -> ContextController | None:
     if prepared.context == "oblivious" or not prepared.upstreams:
         return None
     workload = prepared.workload
@@ -181,18 +255,43 @@ def _controller(prepared: PreparedRun, simulate: bool) -> ContextController | No
                                 "assuming it holds", network)
                 return True
             return should_run(workload, network, job_id, {})
-        return should_run(workload, network, job_id, upstream_outputs)
+        try:
+            return should_run(workload, network, job_id, upstream_outputs)
+        except Exception as error:  # a user's predicate: its network fails, not the run
+            if failures is None:
+                raise
+            failures.record(job_id, network, error)
+            return False
 
     return ContextController(prepared.context, prepared.upstreams, decide)
 
 
-def execute(prepared: PreparedRun, settings: RunSettings, *, simulate: bool) -> RunOutcome:
-    """Run the prepared workload under `settings`, for real or simulated."""
+def execute(prepared: PreparedRun, settings: RunSettings, *, simulate: bool,
+            observers: Sequence[Observer] = ()) -> RunOutcome:
+    """Run the prepared workload under `settings`, for real or simulated.
+
+    observers: told of a real run's progress as it goes (masa.runtime.driver).
+    """
     settings.check()
-    controller = _controller(prepared, simulate)
+    failures = _ConditionFailures()
+    controller = _controller(prepared, simulate, failures)
     if simulate:
-        return _simulate(prepared, settings, controller)
-    return _run_real(prepared, settings, controller)
+        outcome = _simulate(prepared, settings, controller)
+    else:
+        try:
+            outcome = _run_real(prepared, settings, controller, observers)
+        except KeyboardInterrupt as interruption:  # masa.common.signals: a partial outcome
+            partial = getattr(interruption, "partial", None)
+            if isinstance(partial, RunOutcome):
+                failures.apply(partial)
+            raise
+    failures.apply(outcome)
+    outcome.network_versions = prepared.network_versions
+    for pin in prepared.pins:
+        if pin.replaced():
+            log.info("network %r was prepared again during the run; the run used the "
+                     "version it started with (manifest sha256 %s)", pin.name, pin.version)
+    return outcome
 
 
 def _simulate(prepared: PreparedRun, settings: RunSettings,
@@ -217,7 +316,8 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
 
 
 def _run_real(prepared: PreparedRun, settings: RunSettings,
-              controller: ContextController | None) -> RunOutcome:
+              controller: ContextController | None,
+              observers: Sequence[Observer] = ()) -> RunOutcome:
     workload = prepared.workload
     manifests = prepared.manifests
 
@@ -232,7 +332,22 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       keep_outputs=settings.keep_outputs),
         context=controller,
     )
-    result = executor.run()
+    executor.driver.observers.extend(observers)
+    log.debug("real run of %d jobs started (SIGINT or SIGTERM stops it: partial outcome)",
+              len(prepared.jobs))
+    try:
+        result = executor.run()
+    except KeyboardInterrupt as interruption:  # SIGINT/SIGTERM: what ran, as an outcome
+        partial = getattr(interruption, "partial", None)
+        if isinstance(partial, RealRunResult):
+            interruption.partial = _real_outcome(  # type: ignore[attr-defined]
+                prepared, settings, partial)
+        raise
+    return _real_outcome(prepared, settings, result)
+
+
+def _real_outcome(prepared: PreparedRun, settings: RunSettings,
+                  result: RealRunResult) -> RunOutcome:
     return RunOutcome(
         simulated=False, settings=settings, context=prepared.context, graph=prepared.graph,
         jobs=prepared.jobs, schedule=result.schedule, network_status=result.group_status,
@@ -241,13 +356,30 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         final_reserved_bytes=result.final_reserved_bytes,
         memory_timeline=[(t, reserved, None if rss is None else rss - result.baseline_rss_bytes)
                          for t, reserved, rss in result.memory_timeline],
-        peak_measured_bytes=result.peak_rss_bytes - result.baseline_rss_bytes,
+        peak_measured_bytes=result.peak_measured_bytes,
         live_sessions_after=result.live_sessions_after,
         dispatch_order=result.dispatch_order, errors=result.errors,
         error_details=result.error_details,
         outputs=result.outputs, process_memory_after=result.process_memory_after,
-        measured_memory=result.measured_memory(),
+        measured_memory=result.measured_memory(), interrupted=result.interrupted,
     )
+
+
+def check_budget(graph: TaskGraph, memory_budget_bytes: int) -> None:
+    """Refuse a budget below what the largest task needs alone (its memory and the
+    locks it opens): no schedule could keep it, and the run would go over it at once."""
+    opened: dict[str, int] = {}
+    for lock in graph.locks:
+        opened[lock.from_task] = opened.get(lock.from_task, 0) + lock.memory_bytes
+    need_bytes, task_id = max(((t.memory_bytes + opened.get(t.task_id, 0), t.task_id)
+                               for t in graph.tasks), default=(0, ""))
+    if memory_budget_bytes < need_bytes:
+        task = graph.by_id[task_id]
+        at_least_kib = -(-need_bytes // 1024)
+        raise UserError(f"--memory {format_bytes(memory_budget_bytes)} is below what the "
+                        f"largest task needs alone: {format_bytes(need_bytes)} ({need_bytes} "
+                        f"bytes, {task.network}/{task.stage_id} {task.kind.value}); give at "
+                        f"least --memory {at_least_kib}KiB")
 
 
 def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
@@ -257,6 +389,7 @@ def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
     bound = bind_feeds(manifest, dict(feeds))
     job = JobSpec(job_id=0, arrival_us=0, networks=(name,))
     graph = build_job_graph(job, {name: manifest}, [name])
+    check_budget(graph, settings.memory_budget_bytes)
     executor = RealExecutor(
         graph, {name: manifest}, lambda job_id, network, upstream: bound,
         RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,

@@ -20,14 +20,22 @@ only carries dispatches out and reports completions:
 
 Every run also measures the process's memory (`_ResidentMeter`): the baseline
 at `begin()` (after ONNX Runtime's warm-up and `release_memory`), the
-anonymous / file-backed split of the resident memory at every decision (one
-read of /proc/self/statm), the kernel's exact peak (VmHWM, reset at `begin()`)
-and, inside a memory cgroup, the cgroup's usage, peak and OOM kills over the run.
+anonymous / file-backed split of the resident memory at every decision and
+every 2 ms in between (one read of /proc/self/statm), the loaded stages'
+weights in memory (their data files' pages in the page cache, measured with
+cachestat/mincore when each LOAD ends: mapped weights are held for the stage
+from its LOAD on, whether or not its EXEC has touched them yet, and a memory
+cgroup is charged for them), the kernel's exact peak (VmHWM, reset at
+`begin()`) and, inside a memory cgroup, the cgroup's usage, peak and OOM kills
+over the run. The run's measured memory is anonymous memory above the
+baseline plus the loaded stages' weights in memory; VmHWM also holds the
+library code the run pages in (ONNX Runtime's kernels), which belongs to the
+runtime base.
 
 With ``memory_source="measured"``, before every decision the free memory the
-core sees is reduced by whatever the process holds above its baseline
-(anonymous + file-backed) beyond what is reserved (measured memory reconciles
-the model); that reading is the decision's sample.
+core sees is reduced by whatever the process holds (measured memory, as
+above) beyond what is reserved (measured memory reconciles the model); that
+reading is the decision's sample.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from masa.common.procmem import (
     CgroupRunMemory,
     ResidentSplit,
     find_memory_cgroup,
+    page_cache_bytes,
     peak_rss_bytes,
     process_memory_bytes,
     reset_peak,
@@ -78,6 +87,10 @@ from model_prep.session import (
 log = logging.getLogger(__name__)
 
 MEMORY_SOURCES = ("model", "measured")
+# Real runs reconcile by default: the ledger's model misses what no profile sees
+# (Python objects, heap not yet returned, per-session allocations of many live
+# sessions), and the budget is a promise about the process.
+DEFAULT_MEMORY_SOURCE = "measured"
 
 # inputs_for(job_id, network, upstream_outputs) -> feeds of the network's inputs
 InputsFor = Callable[[int, str, Mapping[str, Mapping[str, np.ndarray]]], dict[str, np.ndarray]]
@@ -88,7 +101,7 @@ class RealRunConfig:
     workers: int
     memory_budget_bytes: int
     policy: str = "masa"
-    memory_source: str = "model"
+    memory_source: str = DEFAULT_MEMORY_SOURCE
     intra_op_threads: int = 1
     keep_outputs: bool = True  # keep every network's outputs in the result
 
@@ -113,10 +126,12 @@ class RealRunResult:
     errors: dict[str, str] = field(default_factory=dict)  # group -> first error
     error_details: dict[str, str] = field(default_factory=dict)  # group -> its traceback
     process_memory_after: dict[str, int] = field(default_factory=dict)  # procmem, by kind
-    # Measured memory above the baseline (bytes): the whole process's peak, from VmHWM
-    # ("vmhwm") or, where the kernel cannot reset it, from the decision samples.
+    # Measured memory (bytes): the peak of anonymous memory above the baseline plus the
+    # loaded stages' weights in memory, over the samples (decisions and every 2 ms).
     peak_measured_bytes: int = 0
     peak_measured_source: str = "samples"
+    peak_stage_file_bytes: int = 0  # loaded stages' weights in memory, at most
+    peak_rss_above_baseline_bytes: int = 0  # VmHWM (or the samples) less the baseline RSS
     baseline_anonymous_bytes: int = 0
     baseline_file_backed_bytes: int = 0
     peak_anonymous_bytes: int = 0  # sampled at decisions, above the baseline's anonymous
@@ -124,6 +139,9 @@ class RealRunResult:
     # (time_us, anonymous_bytes, file_backed_bytes) at every sample, absolute
     resident_timeline: list[tuple[int, int, int]] = field(default_factory=list)
     cgroup_memory: CgroupRunMemory | None = None  # None outside a memory cgroup
+    # The signal that stopped the run (SIGINT, SIGTERM), None when it ran to its end.
+    # The networks it did not finish then have the status "interrupted".
+    interrupted: str | None = None
 
     def measured_memory(self) -> dict[str, Any]:
         """The measured figures under the report summary's names (masa.report.report)."""
@@ -132,6 +150,8 @@ class RealRunResult:
             "peak_measured_source": self.peak_measured_source,
             "peak_anonymous_bytes": self.peak_anonymous_bytes,
             "peak_file_backed_bytes": self.peak_file_backed_bytes,
+            "peak_stage_file_bytes": self.peak_stage_file_bytes,
+            "peak_rss_above_baseline_bytes": self.peak_rss_above_baseline_bytes,
             "baseline_rss_bytes": self.baseline_rss_bytes,
             "baseline_anonymous_bytes": self.baseline_anonymous_bytes,
             "baseline_file_backed_bytes": self.baseline_file_backed_bytes,
@@ -139,23 +159,36 @@ class RealRunResult:
         }
 
 
-class _ResidentMeter:
-    """The process's resident memory over one run: the baseline split, the split's peaks
-    and timeline at the decisions' samples, the kernel's exact peak, the cgroup's figures."""
+# Between decisions, the meter samples this often: an EXEC's working memory
+# peaks inside the task, where no decision is taken (one statm read, ~10 us).
+SAMPLE_PERIOD_S = 0.002
 
-    def __init__(self) -> None:
+
+class _ResidentMeter:
+    """The process's memory over one run: the baseline split, the peaks of the split and
+    of measured memory (anonymous above the baseline + the loaded stages' weights in
+    memory) at every decision and every SAMPLE_PERIOD_S, the kernel's exact RSS peak,
+    the cgroup's figures."""
+
+    def __init__(self, stage_file_bytes: Callable[[], int] = lambda: 0) -> None:
+        self.stage_file_bytes = stage_file_bytes  # the loaded stages' weights in memory
         self.baseline = ResidentSplit(0, 0)
         self.peak_anonymous_bytes = 0  # absolute, like the two below
         self.peak_file_backed_bytes = 0
         self.peak_sampled_rss_bytes = 0
+        self.peak_measured_bytes = 0  # above the baseline
+        self.peak_stage_file_bytes = 0
         self.peak_kernel_rss_bytes: int | None = None  # VmHWM since begin(), when reset
         self.vmhwm_reset = False
         self.timeline: list[tuple[int, int, int]] = []
         self.cgroup: CgroupMeter | None = None
         self.cgroup_memory: CgroupRunMemory | None = None
+        self._peaks_lock = threading.Lock()  # the sampler thread and the loop's thread
+        self._stop_sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
 
     def begin(self) -> None:
-        """Reset the kernel's peaks and take the baseline (after release_memory)."""
+        """Reset the kernel's peaks, take the baseline (after release_memory), start sampling."""
         self.vmhwm_reset = reset_peak()
         cgroup = find_memory_cgroup()
         self.cgroup = None if cgroup is None else CgroupMeter(cgroup)
@@ -164,19 +197,50 @@ class _ResidentMeter:
         self.baseline = resident_split()
         self.peak_anonymous_bytes, self.peak_file_backed_bytes = self.baseline
         self.peak_sampled_rss_bytes = self.baseline.resident_bytes
+        self.peak_measured_bytes = self.peak_stage_file_bytes = 0
         self.peak_kernel_rss_bytes = None
         self.timeline = []
+        self._stop_sampling.clear()
+        self._sampler = threading.Thread(target=self._sample_periodically, daemon=True,
+                                         name="masa-memory-sampler")
+        self._sampler.start()
+
+    def _sample_periodically(self) -> None:
+        while not self._stop_sampling.wait(SAMPLE_PERIOD_S):
+            self._measure()
+
+    def _measure(self) -> ResidentSplit:
+        split = resident_split()
+        stage_file_bytes = self.stage_file_bytes()
+        measured_bytes = (max(0, split.anonymous_bytes - self.baseline.anonymous_bytes)
+                          + stage_file_bytes)
+        with self._peaks_lock:
+            self.peak_anonymous_bytes = max(self.peak_anonymous_bytes, split.anonymous_bytes)
+            self.peak_file_backed_bytes = max(self.peak_file_backed_bytes,
+                                              split.file_backed_bytes)
+            self.peak_sampled_rss_bytes = max(self.peak_sampled_rss_bytes, split.resident_bytes)
+            self.peak_measured_bytes = max(self.peak_measured_bytes, measured_bytes)
+            self.peak_stage_file_bytes = max(self.peak_stage_file_bytes, stage_file_bytes)
+        return split
 
     def sample(self, now_us: int) -> ResidentSplit:
-        split = resident_split()
-        self.peak_anonymous_bytes = max(self.peak_anonymous_bytes, split.anonymous_bytes)
-        self.peak_file_backed_bytes = max(self.peak_file_backed_bytes, split.file_backed_bytes)
-        self.peak_sampled_rss_bytes = max(self.peak_sampled_rss_bytes, split.resident_bytes)
+        """A decision's sample, kept in the timeline."""
+        split = self._measure()
         self.timeline.append((now_us, split.anonymous_bytes, split.file_backed_bytes))
         return split
 
+    def measured_bytes(self, split: ResidentSplit) -> int:
+        """Measured memory at a sample: anonymous above the baseline + stages' weights."""
+        return (max(0, split.anonymous_bytes - self.baseline.anonymous_bytes)
+                + self.stage_file_bytes())
+
     def finish(self) -> None:
-        """Read the peaks the kernel kept since begin() (once the workers are done)."""
+        """Stop sampling; read the peaks the kernel kept since begin() (workers done)."""
+        self._stop_sampling.set()
+        if self._sampler is not None:
+            self._sampler.join()
+            self._sampler = None
+        self._measure()
         if self.vmhwm_reset:
             self.peak_kernel_rss_bytes = peak_rss_bytes()
         if self.cgroup is not None:
@@ -192,9 +256,11 @@ class _ResidentMeter:
         return {
             "baseline_rss_bytes": baseline.resident_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
-            "peak_measured_bytes": max(0, self.peak_rss_bytes - baseline.resident_bytes),
-            "peak_measured_source": ("vmhwm" if self.peak_kernel_rss_bytes is not None
-                                     else "samples"),
+            "peak_measured_bytes": self.peak_measured_bytes,
+            "peak_measured_source": "samples",
+            "peak_stage_file_bytes": self.peak_stage_file_bytes,
+            "peak_rss_above_baseline_bytes": max(0, self.peak_rss_bytes
+                                                 - baseline.resident_bytes),
             "baseline_anonymous_bytes": baseline.anonymous_bytes,
             "baseline_file_backed_bytes": baseline.file_backed_bytes,
             "peak_anonymous_bytes": max(0, self.peak_anonymous_bytes
@@ -219,16 +285,25 @@ class _Stages:
         self.sessions: dict[tuple[str, str], ort.InferenceSession] = {}
         self.tensors: dict[tuple[str, str], np.ndarray] = {}
         self.run_options: dict[str, ort.RunOptions] = {}
+        # Loaded stages' mapped weights: data file and its bytes in memory, measured
+        # when the LOAD ended.
+        self.weights_in_memory: dict[tuple[str, str], tuple[str, int]] = {}
         self.lock = threading.Lock()
 
     def run_task(self, task: Task) -> None:
         stage = self.stages[(task.network, task.stage_id)]
         key = (task.group, task.stage_id)
         if task.kind is TaskKind.LOAD:
-            session = load_stage(self.manifests[task.network].stage_path(stage),
-                                 stage.prepack, stage.mapped_bytes, self.intra_op_threads)
+            path = self.manifests[task.network].stage_path(stage)
+            session = load_stage(path, stage.prepack, stage.mapped_bytes, self.intra_op_threads)
+            # Mapped weights (not copied by prepacking) are the stage's from now on.
+            data_path = f"{path}.data"
+            in_memory_bytes = (page_cache_bytes(data_path) or 0
+                               if stage.mapped_bytes and not stage.prepack else 0)
             with self.lock:
                 self.sessions[key] = session
+                if in_memory_bytes:
+                    self.weights_in_memory[key] = (data_path, in_memory_bytes)
             return
         if task.kind is not TaskKind.EXEC:
             raise RuntimeError(f"task {task.task_id}: the real executor has no {task.kind.value}")
@@ -252,16 +327,24 @@ class _Stages:
         """Free what a lock opened by `opener` stood for; True when a session was unloaded."""
         with self.lock:
             if opener.kind is TaskKind.LOAD:
+                self.weights_in_memory.pop((opener.group, opener.stage_id), None)
                 return self.sessions.pop((opener.group, opener.stage_id), None) is not None
             stage = self.stages[(opener.network, opener.stage_id)]
             for tensor in stage.outputs:
                 self.tensors.pop((opener.group, tensor.name), None)
             return False
 
+    def stage_file_bytes(self) -> int:
+        """The loaded stages' mapped weights in memory, in bytes: a stage loaded by two
+        jobs at once maps one file, held once."""
+        with self.lock:
+            return sum(dict(self.weights_in_memory.values()).values())
+
     def drop_group(self, group: str) -> None:
         with self.lock:
             for key in [k for k in self.sessions if k[0] == group]:
                 del self.sessions[key]
+                self.weights_in_memory.pop(key, None)
             for key in [k for k in self.tensors if k[0] == group]:
                 del self.tensors[key]
 
@@ -284,7 +367,7 @@ class ThreadBackend:
         self.outputs: dict[str, dict[str, np.ndarray]] = {}  # group -> final outputs
         self.inputs_ready: set[str] = set()
         self.start_s = clock()
-        self.meter = _ResidentMeter()
+        self.meter = _ResidentMeter(self.stages.stage_file_bytes)
         self.decision_sample: ResidentSplit | None = None  # taken by before_select
         self.pending_unload = False
 
@@ -314,6 +397,21 @@ class ThreadBackend:
             thread.start()
             self.threads.append(thread)
         self.start_s = self.clock()
+
+    def abandon(self) -> None:
+        """Stop now (a signal): drop the tasks queued for the workers and terminate the
+        running EXECs (ONNX Runtime stops at its next node); a running LOAD ends on its
+        own. Their completions are never read."""
+        for work in self.work_queues:
+            while True:
+                try:
+                    work.get_nowait()
+                except queue.Empty:
+                    break
+        with self.stages.lock:
+            options = list(self.stages.run_options.values())
+        for option in options:
+            option.terminate = True
 
     def close(self) -> None:
         for work in self.work_queues:
@@ -370,10 +468,17 @@ class ThreadBackend:
             # Shrink the budget the core sees by memory held outside its model. This
             # reading is also the decision's sample (measured_bytes), one statm read.
             split = self.decision_sample = self.meter.sample(self.now_us())
-            baseline = self.meter.baseline
-            measured_bytes = max(0, (split.anonymous_bytes - baseline.anonymous_bytes)
-                                 + (split.file_backed_bytes - baseline.file_backed_bytes))
+            measured_bytes = self.meter.measured_bytes(split)
             unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
+            if unmodelled_bytes and state.running_count == 0:
+                # Nothing runs, so what the ledger does not hold is mostly heap that
+                # was freed but not returned: return it before it shrinks the budget
+                # (a task that no longer fits would run alone under the progress
+                # rule, over the real budget by as much).
+                release_memory(collect=False)
+                split = self.decision_sample = self.meter.sample(self.now_us())
+                measured_bytes = self.meter.measured_bytes(split)
+                unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
             state.ledger.budget_bytes = max(
                 0, self.config.memory_budget_bytes - unmodelled_bytes)
 
@@ -499,14 +604,25 @@ class RealExecutor:
                              observers=[self.recorder, _OverCommitLog()])
 
     def run(self) -> RealRunResult:
+        """Run the graph to its end. On SIGINT/SIGTERM (a KeyboardInterrupt, see
+        masa.common.signals) dispatching stops, running calls are terminated, every
+        session is released and the interruption is raised again with the partial
+        result as its `partial` attribute."""
         backend = self.backend
-        backend.begin()
+        interruption: KeyboardInterrupt | None = None
         try:
+            backend.begin()
             self.driver.add(self.graph)
             self.driver.run()
+        except KeyboardInterrupt as stop:
+            backend.abandon()  # before the workers are joined: they stop sooner
+            interruption = stop
         finally:
             backend.close()
             backend.meter.finish()
+        if interruption is not None:
+            self._stop_interrupted(interruption)
+            raise interruption
         stuck = unfinished_task_ids(self.state)
         if stuck:
             raise RuntimeError(f"scheduler stalled with {len(stuck)} tasks pending "
@@ -517,10 +633,26 @@ class RealExecutor:
         backend.measured_bytes()
         return self._result()
 
-    def _result(self) -> RealRunResult:
+    def _stop_interrupted(self, interruption: KeyboardInterrupt) -> None:
+        """Once the workers are gone: release every session and tensor, and attach the
+        partial result to the interruption."""
+        backend = self.backend
+        with backend.stages.lock:
+            backend.stages.sessions.clear()
+            backend.stages.tensors.clear()
+        release_memory()
+        signal_name = getattr(interruption, "signal_name", "SIGINT")
+        log.warning("%s: stopped dispatching, terminated the running tasks and released "
+                    "every session", signal_name)
+        interruption.partial = self._result(interrupted=signal_name)  # type: ignore[attr-defined]
+
+    def _result(self, interrupted: str | None = None) -> RealRunResult:
         status, reason = {}, {}
         for name, info in self.state.groups.items():
             core_status = info.status.value
+            if interrupted and info.status is GroupStatus.ACTIVE:
+                status[name], reason[name] = "interrupted", f"interrupted by {interrupted}"
+                continue
             status[name] = (self.context.network_status(name, core_status)
                             if self.context else core_status)
             if info.reason:
@@ -541,5 +673,6 @@ class RealExecutor:
             errors=self.driver.errors,
             error_details=self.driver.error_details,
             process_memory_after=process_memory_bytes(),
+            interrupted=interrupted,
             **backend.meter.result_fields(),
         )
