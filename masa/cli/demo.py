@@ -139,8 +139,9 @@ def _demo(args: argparse.Namespace, store: Path) -> int:
           "at every decision and every 2 ms: anonymous memory (sessions, tensors, Python "
           "objects, heap not yet returned) plus the loaded stages' weights in memory (the "
           "mapped weight files' pages in the page cache, held from each LOAD on); "
-          "'anon' and 'weights' are the two parts' own peaks. `masa run --memory-source "
-          "measured` makes Masa schedule against it.")
+          "'anon' and 'weights' are the two parts' own peaks. Real runs schedule against "
+          "it too: what the ledger does not hold shrinks the budget Masa sees "
+          "(--memory-source measured, the default).")
     if args.plot:
         plot_comparison(reports, args.plot, "masa demo")
     if args.report:
