@@ -295,9 +295,11 @@ def test_measured_source_reads_statm_once_per_decision(small_zoo_store: Path,
     _, result = _real_run(small_zoo_store, memory_source="measured")
     assert set(result.group_status.values()) == {"done"}
     decisions = sum(1 for _, _, rss in result.memory_timeline if rss is not None)
-    # the baseline, one per decision (the reconciling reading is the sample), the final
-    # ones (after the run, and when the sampler stops); the sampler read more in between
-    assert len(reads) == 1 + decisions + 2 == 2 + len(result.resident_timeline)
+    # the baseline, one per decision (the reconciling reading is the sample; a second
+    # one after trimming the heap when nothing runs and the ledger misses memory), the
+    # final ones (after the run, and when the sampler stops); the sampler read more
+    assert len(reads) == 2 + len(result.resident_timeline)
+    assert decisions <= len(result.resident_timeline) <= 2 * decisions
 
 
 def test_simulated_report_has_null_measured_figures() -> None:
