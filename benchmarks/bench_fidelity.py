@@ -91,16 +91,16 @@ def _figures(scenario: str, budget_bytes: int, cap_bytes: int, run: EmulatedRun,
         "cgroup_peak_anon_bytes": run.peak_anonymous_bytes,
         "cgroup_peak_cache_bytes": run.peak_page_cache_bytes,
     }
-    if run.outcome is not None:
-        summary = (run.outcome.measured_memory or {})
+    if run.report is not None:
+        summary = run.report["summary"]
         figures.update({
-            "jobs": len(run.outcome.jobs),
-            "jobs_failed": sum(1 for s in run.outcome.network_status.values() if s == "failed"),
-            "peak_reserved_bytes": run.outcome.peak_reserved_bytes,
+            "jobs": summary["jobs"],
+            "jobs_failed": summary["jobs_failed"],
+            "peak_reserved_bytes": summary["peak_reserved_bytes"],
             "peak_measured_bytes": summary.get("peak_measured_bytes"),
             "peak_anonymous_bytes": summary.get("peak_anonymous_bytes"),
             "peak_file_backed_bytes": summary.get("peak_file_backed_bytes"),
-            "over_commits": len(run.outcome.over_commits),
+            "over_commits": summary["over_commits"],
         })
     return figures
 

@@ -136,6 +136,7 @@ def _prepare_locked(
         work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}~", dir=store))
     except OSError as exc:
         raise UserError(f"{store}: cannot write the store: {exc.strerror or exc}") from None
+    log.debug("preparing %s in %s", name, work_dir)
     try:
         network_dir = work_dir / name
         started_s = time.perf_counter()

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from commands import Command
 from onnx import TensorProto, helper, numpy_helper
 
 from masa.cli.main import main as masa_main
@@ -172,9 +170,9 @@ def test_a_cold_load_through_a_20_mb_s_throttle_takes_size_over_20_mb_s(
     run = run_emulated(check_emulation(device, store), _spec(workload, store, "masa"))
     assert run.status == "finished", run.reason
     assert run.evicted_bytes >= size_bytes
-    load = next(t for t in run.outcome.schedule if t.task_id.endswith("/load"))
+    (network,) = run.report["jobs"][0]["networks"]  # one job, one stage: its LOAD time
     expected_s = size_bytes / 20e6
-    assert 0.8 <= (load.end_us - load.start_us) / 1e6 / expected_s <= 1.2
+    assert 0.8 <= network["load_us"] / 1e6 / expected_s <= 1.2
     assert run.bytes_read >= 0.9 * size_bytes  # from storage, not the page cache
     assert _groups_left(os.getpid()) == []
 
@@ -217,7 +215,7 @@ def test_bulk_is_killed_with_the_jobs_before_and_masa_finishes_under_the_same_ca
     masa = run_emulated(plan, _spec(workload, store, "masa"))
     assert masa.status == "finished", masa.as_dict()
     assert masa.oom_kills == 0
-    assert set(masa.outcome.network_status.values()) == {"done"}
+    assert {n["status"] for job in masa.report["jobs"] for n in job["networks"]} == {"done"}
     assert masa.peak_cgroup_bytes <= device.memory_cap_bytes
     assert _groups_left(os.getpid()) == []
 
@@ -231,24 +229,21 @@ def test_ctrl_c_kills_the_run_and_leaves_no_cgroup(tmp_path: Path) -> None:
                         "arrivals: {kind: periodic, interval_ms: 1, count: 1}\n")
     # 8 MiB at 200 kB/s: the LOAD takes about 40 s, Ctrl-C comes long before.
     device = _device(tmp_path, "name: stuck\nmemory: 1GiB\nstorage: {read: 200kB/s}\n")
-    parent = subprocess.Popen(
-        [sys.executable, "-m", "masa", "run", str(workload), "--store", str(store),
-         "--device", str(device)], stderr=subprocess.PIPE, text=True)
+    parent = Command(["-vv", "run", str(workload), "--store", str(store), "--device",
+                      str(device)], tmp_path / "err.txt", tmp_path)
     try:
-        for _ in range(600):
-            if _groups_left(parent.pid) and _children(parent.pid):
-                break
-            time.sleep(0.05)
-        child = _children(parent.pid)
+        parent.wait_for_line("emulated run: child")  # in its cgroups, loading
+        assert _groups_left(parent.process.pid)
+        child = _children(parent.process.pid)
         assert child, "the emulated run did not start"
         parent.send_signal(signal.SIGINT)
-        _, err = parent.communicate(timeout=60)
+        code = parent.wait()
     finally:
-        if parent.poll() is None:
-            parent.kill()
-    assert parent.returncode == 130, err
+        if parent.process.poll() is None:
+            parent.process.kill()
+    assert code == 130, "".join(parent.lines)
     assert not Path(f"/proc/{child[0]}").exists() or _zombie(child[0])
-    assert _groups_left(parent.pid) == []
+    assert _groups_left(parent.process.pid) == []
 
 
 def _children(pid: int) -> list[int]:

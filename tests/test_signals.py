@@ -10,25 +10,20 @@ raising KeyboardInterrupt where the signal handler would) and check what it leav
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import models
 import numpy as np
 import onnxruntime as ort
 import pytest
+from commands import Command
 
 from masa.common.signals import Interrupted, handle_signals, interrupted_exit_code
 from masa.runtime.driver import Observer
 from masa.runtime.runner import RunOutcome, RunSettings, execute, prepare_run
 from masa.runtime.threads import RealRunConfig, ThreadBackend
 from model_prep.prepare_cli import prepare_network
-
-WAIT_S = 60.0  # generous on a loaded machine; the tests never assert durations
 
 
 @pytest.fixture(scope="module")
@@ -46,36 +41,17 @@ def _long_workload(directory: Path, count: int = 400) -> Path:
     return path
 
 
-def _start(argv: list[str], stderr_path: Path, cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(stderr_path, "wb") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "masa", *argv], cwd=cwd, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr)
-
-
-def _wait_for(condition, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"the command ended (exit {process.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_during_run_writes_the_partial_report(chain_store: Path, tmp_path: Path,
                                                      signum: int, code: int) -> None:
     report, trace, stderr = tmp_path / "r.json", tmp_path / "t.json", tmp_path / "err.txt"
-    process = _start(["-vv", "run", str(_long_workload(tmp_path)), "--store", str(chain_store),
-                      "--memory", "64MiB", "--report", str(report), "--trace", str(trace)],
-                     stderr, tmp_path)
-    _wait_for(lambda: "real run of 400 jobs started" in stderr.read_text(), process,
-              "the run started")
-    time.sleep(0.3)  # some jobs done, others running or still to arrive
-    process.send_signal(signum)
-    assert process.wait(WAIT_S) == code
+    command = Command(["-vv", "run", str(_long_workload(tmp_path)), "--store",
+                        str(chain_store), "--memory", "64MiB", "--report", str(report),
+                        "--trace", str(trace)], stderr, tmp_path)
+    command.wait_for_line("real run of 400 jobs started")
+    command.wait_for_line("job 2 ended")  # some jobs done, others running or still to arrive
+    command.send_signal(signum)
+    assert command.wait() == code
     text = stderr.read_text()
     assert f"interrupted by {signal.Signals(signum).name}" in text
     assert "Traceback" not in text
@@ -95,11 +71,12 @@ def test_signal_during_run_writes_the_partial_report(chain_store: Path, tmp_path
 def test_sigterm_during_prepare_removes_the_work_folder(tmp_path: Path) -> None:
     model = models.save(models.conv_chain(np.random.default_rng(1)), tmp_path, "chain")
     store = tmp_path / "store"
-    process = _start(["prepare", str(model), "--store", str(store), "--runs", "50"],
-                     tmp_path / "err.txt", tmp_path)
-    _wait_for(lambda: any(store.glob(".prepare~*")), process, "the work folder was made")
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(WAIT_S) == 143
+    command = Command(["-vv", "prepare", str(model), "--store", str(store), "--runs", "50"],
+                       tmp_path / "err.txt", tmp_path)
+    command.wait_for_line("preparing chain in")  # the work folder was made
+    assert any(store.glob(".prepare~*"))
+    command.send_signal(signal.SIGTERM)
+    assert command.wait() == 143
     assert "interrupted by SIGTERM" in (tmp_path / "err.txt").read_text()
     assert not [p for p in store.iterdir() if not p.name.startswith(".lock~")], \
         list(store.iterdir())

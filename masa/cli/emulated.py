@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from masa.common.errors import EXIT_USAGE, RunFailed, UserError
-from masa.report.report import emulated_report, outcome_report
+from masa.report.report import emulated_report
 from masa.runtime.device import Device, load_device
 from masa.runtime.emulation import EmulationPlan, check_emulation, run_emulated
 from masa.runtime.runner import PreparedRun, prepare_run
@@ -29,12 +29,14 @@ def device_plan(args: argparse.Namespace) -> tuple[Device, EmulationPlan]:
     return device, check_emulation(device, args.store)
 
 
-def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun) -> dict[str, Any]:
+def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
+          meta: dict[str, Any]) -> dict[str, Any]:
     return {
         "workload": str(args.workload), "store": str(args.store), "context": args.context,
         "job_limit": args.jobs, "plugins": list(getattr(args, "plugin", []) or []),
         "log_level": logging.getLogger().getEffectiveLevel(),
         "network_versions": prepared.network_versions,
+        "meta": meta,  # of the report the child writes
         "settings": {"policy": policy, "workers": args.workers,
                      "memory_budget_bytes": args.memory,
                      "memory_source": getattr(args, "memory_source", "measured")},
@@ -44,15 +46,14 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun) -> dict[
 def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy: str,
                            prepared: PreparedRun) -> dict[str, Any]:
     """One policy's run on the device, as a report (status finished / killed)."""
-    run = run_emulated(plan, _spec(args, policy, prepared))
+    meta = {"workload": str(args.workload), "device": plan.device.name}
+    run = run_emulated(plan, _spec(args, policy, prepared, meta))
     if run.status == "failed" and run.error_code is not None:
         error = UserError if run.error_code == EXIT_USAGE else RunFailed
         raise error(run.reason)
     if run.status == "failed":
         raise RunFailed(f"{policy} on device {plan.device.name}: {run.reason}")
-    meta = {"workload": str(args.workload), "device": plan.device.name}
-    report = outcome_report(run.outcome, meta) if run.outcome is not None else None
-    return emulated_report(run.as_dict(), report, policy=policy, workers=args.workers,
+    return emulated_report(run.as_dict(), run.report, policy=policy, workers=args.workers,
                            jobs=len(prepared.jobs), meta=meta)
 
 

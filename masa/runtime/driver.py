@@ -403,6 +403,7 @@ class Driver:
         self._job_networks.pop(job_id, None)
         self._registered_jobs.discard(job_id)
         ended = self._ended_job_groups.pop(job_id)
+        log.debug("job %d ended at %d us", job_id, now_us)
         self.backend.job_ended(job_id)
         for observer in self.observers:
             observer.job_ended(job_id, now_us)

@@ -14,7 +14,7 @@ This module owns everything about running under a `Device`
   and write throttles on the store's disk (`blkio.throttle.*_bps_device` /
   `io.max`), a CPU set of `cores` CPUs. Names are `masa-emu-PID-N`; groups a
   dead process left behind are removed when the next emulation starts;
-- `run_emulated`: starts `python -m masa.runtime.emulation_child` inside the
+- `run_emulated`: starts `python -m masa.cli.emulation_child` inside the
   groups (the child joins them before it executes anything, so Python's and ONNX
   Runtime's own memory counts against the cap), samples the groups while it runs
   (anonymous, page cache and swap bytes; the child's major faults and bytes read
@@ -37,7 +37,6 @@ import ctypes
 import json
 import logging
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -394,11 +393,11 @@ class EmulatedRun:
     major_faults: int = 0  # the child's, last sample
     bytes_read: int = 0  # the child's read_bytes (storage), last sample
     cgroups: list[str] = field(default_factory=list)
-    outcome: Any = None  # the child's RunOutcome when it finished
+    report: dict[str, Any] | None = None  # the child's report (masa.report) when it finished
 
     def as_dict(self) -> dict[str, Any]:
         document = asdict(self)
-        document.pop("outcome")
+        document.pop("report")
         document["jobs_finished"] = [list(item) for item in self.jobs_finished]
         return document
 
@@ -491,14 +490,14 @@ def _signals_deferred() -> Iterator[None]:
 
 
 def run_emulated(plan: EmulationPlan, spec: dict[str, Any]) -> EmulatedRun:
-    """Run `spec` (masa.runtime.emulation_child's input) on the emulated device."""
+    """Run `spec` (masa.cli.emulation_child's input) on the emulated device."""
     remove_stale_groups(plan.layout)
     run = EmulatedRun(device=plan.device.as_dict(), status="failed")
     with tempfile.TemporaryDirectory(prefix="masa-emu-") as scratch:
-        paths = {name: Path(scratch, name) for name in ("spec.json", "progress", "outcome")}
+        paths = {name: Path(scratch, name) for name in ("spec.json", "progress", "report")}
         paths["spec.json"].write_text(json.dumps({
             **spec, "progress_path": str(paths["progress"]),
-            "outcome_path": str(paths["outcome"]),
+            "report_path": str(paths["report"]),
             "memory_cap_bytes": plan.device.memory_cap_bytes,
             "cold_cache": plan.device.cold_cache}))
         groups = DeviceCgroups(plan)
@@ -510,10 +509,12 @@ def run_emulated(plan: EmulationPlan, spec: dict[str, Any]) -> EmulatedRun:
                 # the clean-up below: the signals wait until `child` is set.
                 with _signals_deferred():
                     child = subprocess.Popen(
-                        [sys.executable, "-m", "masa.runtime.emulation_child",
+                        [sys.executable, "-m", "masa.cli.emulation_child",
                          str(paths["spec.json"])],
                         preexec_fn=lambda: _child_preexec(groups.join_files()),
                         start_new_session=True)
+                log.debug("emulated run: child %d started in %s", child.pid,
+                          ", ".join(run.cgroups))
                 _watch(child, groups, run)
         finally:
             if child is not None and child.poll() is None:
@@ -521,9 +522,8 @@ def run_emulated(plan: EmulationPlan, spec: dict[str, Any]) -> EmulatedRun:
                 child.wait()
             groups.remove()
         _read_progress(paths["progress"], run)
-        if run.status == "finished" and paths["outcome"].exists():
-            with open(paths["outcome"], "rb") as handle:
-                run.outcome = pickle.load(handle)  # written by our own child
+        if run.status == "finished" and paths["report"].exists():
+            run.report = json.loads(paths["report"].read_text())
     return run
 
 

@@ -3,10 +3,12 @@
 Owns the routes of masa.serve.openapi, the token check (bearer token, compared
 in constant time; /healthz and /readyz stay open), the request size limit
 (413 before the body is read when Content-Length says so), the one-line JSON
-errors, long-polling (`?wait=`, woken by the service when a result is
-journaled) and `serve`: listen, print the address, run until SIGTERM or
-SIGINT, then refuse new jobs (503), let accepted ones finish within the
-grace time and stop; jobs still unfinished stay queued in the journal.
+errors, long-polling (`?wait=`, woken by the service when a job starts
+running and when its result is journaled; `&while=STATE` waits only while the
+job is in that state, so a client can wait for a job to start) and `serve`:
+listen, print the address, run until SIGTERM or SIGINT, then refuse new jobs
+(503), let accepted ones finish within the grace time and stop; jobs still
+unfinished stay queued in the journal.
 
 Blocking work (decoding, the journal) runs in the event loop's default
 executor, never on the loop itself.
@@ -108,23 +110,40 @@ async def submit_job(request: web.Request) -> web.Response:
                              headers={"Location": url})
 
 
-async def get_job(request: web.Request) -> web.Response:
-    service = request.app[_SERVICE]
-    job_id = _job_id(request)
+def _wait_seconds(request: web.Request) -> float:
+    """`?wait=` in seconds, within [0, MAX_WAIT_S]; 0 when absent."""
     try:
-        wait_s = min(MAX_WAIT_S, max(0.0, float(request.query.get("wait", "0"))))
+        return min(MAX_WAIT_S, max(0.0, float(request.query.get("wait", "0"))))
     except ValueError:
         raise ServeError(400, f"?wait= expects seconds, got {request.query['wait']!r}",
                          "bad_input") from None
+
+
+async def get_job(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = _job_id(request)
+    wait_s = _wait_seconds(request)
+    while_state = request.query.get("while")  # None: wait while the job has not ended
+
+    def waiting(document: dict[str, Any]) -> bool:
+        if while_state is None:
+            return not service.is_final(document)
+        return document["state"] == while_state
+
     event = asyncio.Event()
     waiters: dict[int, set[asyncio.Event]] = request.app[_WAITERS]
-    if wait_s > 0:  # registered before the first read: a result cannot slip between
+    if wait_s > 0:  # registered before the first read: a change cannot slip between
         waiters.setdefault(job_id, set()).add(event)
     try:
         document = await _run(service.job_document, job_id)
-        if document is not None and wait_s > 0 and not service.is_final(document):
+        deadline_s = asyncio.get_running_loop().time() + wait_s
+        while document is not None and wait_s > 0 and waiting(document):
+            remaining_s = deadline_s - asyncio.get_running_loop().time()
+            if remaining_s <= 0:
+                break
+            event.clear()
             try:
-                await asyncio.wait_for(event.wait(), wait_s)
+                await asyncio.wait_for(event.wait(), remaining_s)
             except TimeoutError:
                 pass
             document = await _run(service.job_document, job_id)
@@ -204,6 +223,9 @@ async def list_networks(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
+    wait_s = _wait_seconds(request)
+    if wait_s > 0:  # ?wait=S: until no accepted job is unfinished, or S seconds
+        await _run(service.wait_idle, wait_s)
     return web.json_response({
         "accepting": service.accepting, "active_jobs": service.active_jobs(),
         "memory_budget_bytes": service.budget_bytes, "budget": service.budget_how,
@@ -249,7 +271,11 @@ def make_app(service: Service) -> web.Application:
             for event in list(waiters.get(job_id, ())):
                 event.set()
 
-        service.on_final.append(lambda job_id: loop.call_soon_threadsafe(wake, job_id))
+        def wake_soon(job_id: int) -> None:
+            loop.call_soon_threadsafe(wake, job_id)
+
+        service.on_final.append(wake_soon)
+        service.on_started.append(wake_soon)
 
     app.on_startup.append(wire_waiters)
     app.add_routes([

@@ -55,7 +55,12 @@ def openapi_document() -> dict[str, Any]:
                         "parameters": [_JOB_ID, {"name": "wait", "in": "query",
                                                  "schema": {"type": "number", "maximum": 60},
                                                  "description": "long-poll: seconds to wait "
-                                                                "for the job to end"}],
+                                                                "for the job to end"},
+                                       {"name": "while", "in": "query",
+                                        "schema": {"type": "string"},
+                                        "description": "with wait: wait only while the "
+                                                       "job is in this state (queued: "
+                                                       "until it starts running)"}],
                         "responses": {"200": _json("the job", "Job"),
                                       "404": _error("no such job")}},
                 "delete": {"summary": "Cancel a job (running stages are stopped, memory "
@@ -78,6 +83,10 @@ def openapi_document() -> dict[str, Any]:
                                                 "and memory figures",
                                      "responses": {"200": {"description": "networks"}}}},
             "/v1/status": {"get": {"summary": "Budget, ledger, queue and scheduler state size",
+                                   "parameters": [{"name": "wait", "in": "query",
+                                                   "schema": {"type": "number", "maximum": 60},
+                                                   "description": "seconds to wait until no "
+                                                                  "accepted job is unfinished"}],
                                    "responses": {"200": {"description": "status"}}}},
             "/healthz": {"get": {"summary": "Live", "responses": {"200": _TEXT}}},
             "/readyz": {"get": {"summary": "Store readable, budget sane, journal writable",

@@ -177,6 +177,7 @@ class Service:
         self._accepting = False
         self._live = True
         self.on_final: list[Callable[[int], None]] = []  # called after a result is journaled
+        self.on_started: list[Callable[[int], None]] = []  # a job's first task was dispatched
         self.violations = 0  # over-commits of a memory-aware policy while others ran
         self.peak_reserved_bytes = 0
         self.state = new_state(config.workers, self.budget_bytes, make_policy(config.policy))
@@ -251,7 +252,11 @@ class Service:
     def drain(self, grace_s: float) -> bool:
         """Stop accepting; wait up to grace_s for the accepted jobs to end. True if they did."""
         self._accepting = False
-        deadline = time.monotonic() + grace_s
+        return self.wait_idle(grace_s)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s until no accepted job is unfinished. True if none is."""
+        deadline = time.monotonic() + timeout_s
         with self._idle:
             while self._jobs:
                 left_s = deadline - time.monotonic()
@@ -575,6 +580,8 @@ class _JobObserver(Observer):
             job.started_at = self.service.clock()
             started_at, job_id = job.started_at, job.job_id
             self.service._writes.put(lambda: self.service._write_running(job_id, started_at))
+            for listener in self.service.on_started:
+                listener(job_id)
 
     def ended(self, record: ScheduledTask) -> None:
         found = self._progress(record.task_id)

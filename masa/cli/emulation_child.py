@@ -1,4 +1,4 @@
-"""The child process of an emulated run: `python -m masa.runtime.emulation_child SPEC.json`.
+"""The child process of an emulated run: `python -m masa.cli.emulation_child SPEC.json`.
 
 masa.runtime.emulation starts it inside the device's cgroups. It owns the
 order of one emulated run: prepare the run (the start-up checks: manifests,
@@ -6,9 +6,11 @@ stage files by size and modification time, each network's version pinned),
 warm ONNX Runtime up and measure the runtime's own memory (the budget defaults
 to the device's cap less that base), evict the store's files from the page
 cache (a cold device), then execute, writing one progress line per ended job
-so that a kill still tells the parent what finished. The outcome is pickled
-for the parent; a failure before the run is written as an `error CODE MESSAGE`
-line (exit 2 for bad input, 1 otherwise). With `measure_only` in the spec it
+so that a kill still tells the parent what finished. The run's report
+(masa.report.report, with the spec's `meta`) is written as JSON for the
+parent: plain data, nothing the parent has to execute to read. A failure
+before the run is written as an `error CODE MESSAGE` line (exit 2 for bad
+input, 1 otherwise). With `measure_only` in the spec it
 stops before the first job (a benchmark's way to measure the base).
 """
 
@@ -16,16 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from masa.common.atomic import atomic_write_bytes
+from masa.common.atomic import atomic_write_text
 from masa.common.errors import EXIT_FAILED, EXIT_USAGE, RunFailed, UserError, one_line
 from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
+from masa.report.report import outcome_report
 from masa.runtime.driver import Observer
 from masa.runtime.emulation import evict_files
 from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
@@ -97,7 +99,8 @@ def _run(spec: dict[str, Any], progress: IO[str]) -> None:
         return
     outcome = execute(prepared, RunSettings(**settings), simulate=False,
                       observers=[_JobProgress(progress)])
-    atomic_write_bytes(spec["outcome_path"], pickle.dumps(outcome))
+    report = outcome_report(outcome, spec.get("meta"))
+    atomic_write_text(spec["report_path"], json.dumps(report))
 
 
 def main(argv: Sequence[str]) -> int:
