@@ -209,7 +209,9 @@ class _ResidentMeter:
         while not self._stop_sampling.wait(SAMPLE_PERIOD_S):
             self._measure()
 
-    def _measure(self) -> ResidentSplit:
+    def _measure(self) -> tuple[ResidentSplit, int]:
+        """The resident split now, and measured memory (anonymous above the baseline +
+        the loaded stages' weights in memory)."""
         split = resident_split()
         stage_file_bytes = self.stage_file_bytes()
         measured_bytes = (max(0, split.anonymous_bytes - self.baseline.anonymous_bytes)
@@ -221,18 +223,13 @@ class _ResidentMeter:
             self.peak_sampled_rss_bytes = max(self.peak_sampled_rss_bytes, split.resident_bytes)
             self.peak_measured_bytes = max(self.peak_measured_bytes, measured_bytes)
             self.peak_stage_file_bytes = max(self.peak_stage_file_bytes, stage_file_bytes)
-        return split
+        return split, measured_bytes
 
-    def sample(self, now_us: int) -> ResidentSplit:
-        """A decision's sample, kept in the timeline."""
-        split = self._measure()
+    def sample(self, now_us: int) -> tuple[ResidentSplit, int]:
+        """A decision's sample, kept in the timeline: the split and measured memory."""
+        split, measured_bytes = self._measure()
         self.timeline.append((now_us, split.anonymous_bytes, split.file_backed_bytes))
-        return split
-
-    def measured_bytes(self, split: ResidentSplit) -> int:
-        """Measured memory at a sample: anonymous above the baseline + stages' weights."""
-        return (max(0, split.anonymous_bytes - self.baseline.anonymous_bytes)
-                + self.stage_file_bytes())
+        return split, measured_bytes
 
     def finish(self) -> None:
         """Stop sampling; read the peaks the kernel kept since begin() (workers done)."""
@@ -467,26 +464,28 @@ class ThreadBackend:
         if self.config.memory_source == "measured":
             # Shrink the budget the core sees by memory held outside its model. This
             # reading is also the decision's sample (measured_bytes), one statm read.
-            split = self.decision_sample = self.meter.sample(self.now_us())
-            measured_bytes = self.meter.measured_bytes(split)
-            unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
+            unmodelled_bytes = self._unmodelled_bytes(state)
             if unmodelled_bytes and state.running_count == 0:
                 # Nothing runs, so what the ledger does not hold is mostly heap that
                 # was freed but not returned: return it before it shrinks the budget
                 # (a task that no longer fits would run alone under the progress
                 # rule, over the real budget by as much).
                 release_memory(collect=False)
-                split = self.decision_sample = self.meter.sample(self.now_us())
-                measured_bytes = self.meter.measured_bytes(split)
-                unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
+                unmodelled_bytes = self._unmodelled_bytes(state)
             state.ledger.budget_bytes = max(
                 0, self.config.memory_budget_bytes - unmodelled_bytes)
+
+    def _unmodelled_bytes(self, state: SchedulerState) -> int:
+        """Measured memory beyond what the ledger reserves, from a new decision sample."""
+        split, measured_bytes = self.meter.sample(self.now_us())
+        self.decision_sample = split
+        return max(0, measured_bytes - state.ledger.reserved_bytes)
 
     def measured_bytes(self) -> int | None:
         split = self.decision_sample
         self.decision_sample = None
         if split is None:
-            split = self.meter.sample(self.now_us())
+            split, _ = self.meter.sample(self.now_us())
         return split.resident_bytes
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
