@@ -7,8 +7,8 @@ base, measured for that scenario by the same child before any job (Python,
 ONNX Runtime, masa, the loaded manifests and task graph). The store's files
 are evicted from the page cache first, so the weight pages the run maps are
 read, and charged, inside the cgroup. Reported per run: killed or not, the
-process's measured peak above its baseline (VmHWM) / budget, and the cgroup's
-peak less the base / budget.
+process's measured peak (anonymous above its baseline + the loaded stages'
+weights in memory) / budget, and the cgroup's peak less the base / budget.
 
     sudo python benchmarks/bench_fidelity.py [--cache DIR] [--jobs N]
 
@@ -157,8 +157,10 @@ def write_doc(rows: list[dict[str, Any]], path: Path, prepare_s: float, argv_job
         "scenario, before any job: Python, ONNX Runtime, masa, manifests and task "
         "graph). The store's files are evicted from the page cache before the first job, "
         "so the weight pages a run maps are read and charged inside the cgroup; reads are "
-        "not throttled. *Peak measured* is the process's resident peak above its "
-        "baseline (VmHWM, anonymous plus file-backed); *cgroup peak - base* is the "
+        "not throttled. *Peak measured* is the run's measured memory (masa.runtime.threads: "
+        "anonymous memory above the baseline plus the loaded stages' weights in the page "
+        "cache, sampled at every decision and every 2 ms; memory source measured, the "
+        "default); *cgroup peak - base* is the "
         "kernel's peak of the cgroup (anonymous and page cache) less the base. The "
         "cgroup's usage includes clean page cache (stage files read earlier and no "
         "longer mapped), which the kernel reclaims only when the group reaches its "
