@@ -432,3 +432,26 @@ def test_a_real_run_in_its_own_memory_cgroup(fresh_memory_cgroup: Path,
     if cgroup["version"] == 1:  # the run's process is the cgroup's only member
         assert cgroup["peak_since_begin"] is True
         assert cgroup["peak_usage_bytes"] >= cgroup["usage_at_begin_bytes"]
+
+
+def test_the_core_sees_the_budget_less_the_largest_recent_unmodelled_reading() -> None:
+    """While tasks run, their untouched reservations hide unmodelled memory: the budget
+    is shrunk by the largest reading of the last UNMODELLED_WINDOW_US, not the last."""
+    from masa.runtime.threads import UNMODELLED_WINDOW_US, RealRunConfig, ThreadBackend
+
+    now_s = [0.0]
+    backend = ThreadBackend({}, lambda *args: {},
+                            RealRunConfig(workers=1, memory_budget_bytes=64 * MIB),
+                            clock=lambda: now_s[0])
+    window_s = UNMODELLED_WINDOW_US / 1e6
+
+    def reading(at_s: float, unmodelled_bytes: int) -> int:
+        now_s[0] = at_s
+        return backend._recent_unmodelled_bytes(unmodelled_bytes)
+
+    assert reading(0.0, 3 * MIB) == 3 * MIB
+    assert reading(0.4 * window_s, 0) == 3 * MIB  # hidden by running tasks' reservations
+    assert reading(0.8 * window_s, 1 * MIB) == 3 * MIB
+    assert reading(1.2 * window_s, 0) == 1 * MIB  # the 3 MiB reading left the window
+    assert reading(1.3 * window_s, 2 * MIB) == 2 * MIB
+    assert reading(2.5 * window_s, 0) == 0
