@@ -55,6 +55,29 @@ def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * 
     return graph, executor.run()
 
 
+def test_masa_plan_searches_off_the_loop_in_a_real_run(manifests, feeds):
+    """A real run's masa-plan plans on a background thread (ThreadPlanner), dispatches by
+    the greedy rule until a plan is ready, and stops the planner when the run ends."""
+    from masa.runtime.planning import InlinePlanner, PlanningPolicy, ThreadPlanner
+
+    jobs = [JobSpec(job, 0, NETWORKS) for job in range(3)]
+    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB,
+                                          policy="masa-plan"))
+    policy = executor.state.policy
+    assert isinstance(policy, PlanningPolicy) and isinstance(policy.planner, ThreadPlanner)
+    result = executor.run()
+    assert set(result.group_status.values()) == {"done"}
+    assert policy.plans >= 1
+    # The loop never waited: it took its first decisions greedily, before any plan.
+    assert policy.greedy_picks >= 1
+    assert policy.planner._pool._shutdown  # closed with the run
+    _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)
+    # The simulator and the solver benchmark plan inline, deterministically.
+    assert isinstance(make_policy("masa-plan").planner, InlinePlanner)
+
+
 def _assert_clean(graph, result, workers: int, budget_bytes: int | None) -> None:
     """Everything released; the schedule valid (memory unchecked when budget_bytes is None)."""
     assert result.final_reserved_bytes == 0

@@ -373,6 +373,12 @@ class PlanningPolicy(RankedPolicy):
             _search, graph, state.workers, max(0, state.ledger.free_bytes()), iterations,
             self._rng))
 
+    def close(self) -> None:
+        """Stop the planner's background search, if it has one (the run is over)."""
+        close = getattr(self.planner, "close", None)
+        if close is not None:
+            close()
+
     def pick(self, state: SchedulerState) -> str | None:
         if self._pending is None and self._stale:
             self._start_plan(state)

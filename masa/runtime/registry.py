@@ -2,6 +2,11 @@
 
 `make_policy(name)` gives a fresh policy object for one scheduler state
 (policies keep per-run heaps, so they are never shared between runs).
+`make_policy(name, real_time=True)` is for a loop on the wall clock (the real
+executor, the daemon): `masa-plan` then searches on a background thread with a
+time budget and dispatches by masa's greedy rule until its plan is ready, so the
+loop never waits for a search. The simulator and the solver benchmark plan
+inline, deterministically. Close such a policy with `close_policy`.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from masa.common.errors import UserError
-from masa.runtime.planning import PlanningPolicy
+from masa.runtime.planning import PlanningPolicy, ThreadPlanner
 from masa.sched.core import Policy
 from masa.sched.policies import BulkPolicy, DeepEyePolicy, MasaPolicy
 
@@ -27,9 +32,18 @@ POLICY_FACTORIES: dict[str, Callable[[], Policy]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, real_time: bool = False) -> Policy:
     """A fresh policy by name; an unknown name is a UserError."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
+    if real_time and factory is PlanningPolicy:
+        return PlanningPolicy(planner=ThreadPlanner())
     return factory()
+
+
+def close_policy(policy: Policy) -> None:
+    """Stop what a policy runs besides the loop (masa-plan's background search)."""
+    close = getattr(policy, "close", None)
+    if close is not None:
+        close()

@@ -66,7 +66,7 @@ from masa.common.procmem import (
     resident_split,
 )
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
-from masa.runtime.registry import make_policy
+from masa.runtime.registry import close_policy, make_policy
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import (
     GroupStatus,
@@ -619,7 +619,8 @@ class RealExecutor:
         self.config = config
         self.context = context
         self.state: SchedulerState = new_state(
-            config.workers, config.memory_budget_bytes, make_policy(config.policy))
+            config.workers, config.memory_budget_bytes,
+            make_policy(config.policy, real_time=True))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,
@@ -640,6 +641,7 @@ class RealExecutor:
             backend.abandon()  # before the workers are joined: they stop sooner
             interruption = stop
         finally:
+            close_policy(self.state.policy)
             backend.close()
             backend.meter.finish()
         if interruption is not None:
