@@ -366,3 +366,32 @@ def test_every_policy_survives_gates_and_aborts_from_hooks(policy: str) -> None:
                               memory_budget_bytes=checked_budget(policy, 120),
                               allowed_over_commits=allowed(result)) == []
     assert aborted_total > 0
+
+
+def test_the_report_counts_load_time_hidden_behind_execution() -> None:
+    """load_overlapped_us: the part of LOAD time during which an EXEC ran elsewhere."""
+    graph = chain_network(0, 0, [10, 10, 10])
+    schedule = [
+        ScheduledTask("j0/n0/s0/load", 0, 0, 100),
+        ScheduledTask("j0/n0/s0/exec", 0, 100, 150),
+        ScheduledTask("j0/n0/s1/load", 1, 120, 220),  # 30 us beside s0's EXEC
+        ScheduledTask("j0/n0/s1/exec", 0, 220, 270),
+        ScheduledTask("j0/n0/s2/load", 1, 230, 330),  # 40 us beside s1's EXEC
+        ScheduledTask("j0/n0/s2/exec", 0, 330, 380),
+    ]
+    summary = build_report(graph, schedule, workers=2, memory_budget_bytes=1000)["summary"]
+    assert summary["load_us"] == 300
+    assert summary["load_overlapped_us"] == 30 + 40
+
+    # Masa loads later stages while earlier ones execute; Bulk loads the network first.
+    two = merge([chain_network(0, 0, [10] * 4, load_us=50), chain_network(1, 0, [10] * 4,
+                                                                            load_us=50)])
+    shares = {}
+    for policy in ("masa", "bulk"):
+        result = simulate_graph(two, policy=make_policy(policy), workers=2,
+                                memory_budget_bytes=1000)
+        summary = build_report(two, result.schedule, workers=2,
+                               memory_budget_bytes=1000)["summary"]
+        assert summary["load_us"] == 8 * 50
+        shares[policy] = summary["load_overlapped_us"] / summary["load_us"]
+    assert shares["masa"] > shares["bulk"]

@@ -10,6 +10,7 @@ pure; `write_json` writes atomically.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -178,6 +179,45 @@ def _measured_summary(samples: Sequence[tuple[int, int]],
     return {"peak_measured_bytes": peak, **{key: figures.get(key) for key in MEASURED_KEYS}}
 
 
+def _load_overlap_us(graph: TaskGraph, ran: Sequence[ScheduledTask]) -> tuple[int, int]:
+    """LOAD time, and the part of it during which an EXEC ran on another worker:
+    storage I/O and session setup hidden behind computation (the read-ahead Masa's
+    LOADs of later stages give while earlier stages execute)."""
+    loads, execs = [], []
+    for entry in ran:
+        kind = graph.by_id[entry.task_id].kind
+        (loads if kind is TaskKind.LOAD else execs if kind is TaskKind.EXEC else []).append(
+            (entry.start_us, entry.end_us))
+    merged: list[list[int]] = []  # the union of EXEC intervals, sorted
+    for start_us, end_us in sorted(execs):
+        if merged and start_us <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end_us)
+        else:
+            merged.append([start_us, end_us])
+    starts = [start_us for start_us, _ in merged]
+    load_us = overlapped_us = 0
+    for start_us, end_us in loads:
+        load_us += end_us - start_us
+        at = max(0, bisect.bisect_right(starts, start_us) - 1)
+        while at < len(merged) and merged[at][0] < end_us:
+            overlapped_us += max(0, min(end_us, merged[at][1]) - max(start_us, merged[at][0]))
+            at += 1
+    return load_us, overlapped_us
+
+
+def _work_summary(graph: TaskGraph, ran: Sequence[ScheduledTask], workers: int,
+                  span_us: int) -> dict[str, Any]:
+    """The summary's busy time, LOAD time (and its part beside an EXEC), utilisation."""
+    busy_us = sum(e.end_us - e.start_us for e in ran)
+    load_us, load_overlapped_us = _load_overlap_us(graph, ran)
+    return {
+        "busy_us": busy_us,
+        "load_us": load_us,
+        "load_overlapped_us": load_overlapped_us,
+        "worker_utilisation": round(busy_us / (workers * span_us), 4) if span_us else 0.0,
+    }
+
+
 def build_report(
     graph: TaskGraph,
     schedule: Sequence[ScheduledTask],
@@ -217,7 +257,6 @@ def build_report(
     first_arrival_us = min(index.arrivals_us.values(), default=0)
     last_end_us = max((e.end_us for e in ran_all), default=first_arrival_us)
     span_us = max(0, last_end_us - first_arrival_us)
-    busy_us = sum(e.end_us - e.start_us for e in ran_all)
     timeline = list(reserved_timeline) if reserved_timeline is not None else \
         memory_profile(graph, schedule)
     peak_reserved_bytes = max((b for _, b in timeline), default=0)
@@ -250,8 +289,7 @@ def build_report(
             # Over the budget while other tasks ran, by a memory-aware policy: a bug.
             "progress_rule_violations": sum(1 for o in over_commit_list
                                             if o["reason"] == "violation"),
-            "busy_us": busy_us,
-            "worker_utilisation": round(busy_us / (workers * span_us), 4) if span_us else 0.0,
+            **_work_summary(graph, ran_all, workers, span_us),
             "wasted_us": sum(s["wasted_us"] for s in per_network.values()),
         },
         "networks": per_network,
@@ -333,6 +371,10 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
+def _share(part: float | None, whole: float | None) -> str:
+    return "-" if part is None or not whole else f"{100 * part / whole:.0f}%"
+
+
 def _ms(value_us: float | None) -> str:
     return "-" if value_us is None else f"{value_us / 1000:.1f}"
 
@@ -363,6 +405,8 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"{', OVER BUDGET' if overall['over_budget'] else ''}), "
         f"peak measured {format_measured(overall)}, "
         f"utilisation {100 * overall['worker_utilisation']:.0f}%, "
+        f"LOAD time beside an EXEC "
+        f"{_share(overall.get('load_overlapped_us'), overall.get('load_us'))}, "
         f"over-commits {overall['over_commits']}")
     cgroup = overall.get("cgroup")
     if cgroup:
