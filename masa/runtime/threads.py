@@ -105,6 +105,9 @@ class RealRunConfig:
     memory_source: str = DEFAULT_MEMORY_SOURCE
     intra_op_threads: int = 1
     keep_outputs: bool = True  # keep every network's outputs in the result
+    # masa-plan searches on a background thread (the loop never waits); False: inline,
+    # deterministically, as in the simulator (tests compare the two dispatch orders)
+    plan_in_background: bool = True
 
 
 @dataclass
@@ -620,7 +623,7 @@ class RealExecutor:
         self.context = context
         self.state: SchedulerState = new_state(
             config.workers, config.memory_budget_bytes,
-            make_policy(config.policy, real_time=True))
+            make_policy(config.policy, real_time=config.plan_in_background))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,
