@@ -62,15 +62,20 @@ def bind_feeds(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray]
 
 
 def random_feeds(
-    inputs: tuple[TensorSpec, ...], rng: np.random.Generator, dim_value: int = 1
+    inputs: tuple[TensorSpec, ...], rng: np.random.Generator, dim_value: int = 1,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Seeded random inputs for a network; dynamic dims take `dim_value`."""
+    """Seeded random inputs for a network; dynamic dims take `dim_value`, or every
+    dim comes from `shapes` for the inputs it names."""
     feeds: dict[str, np.ndarray] = {}
     for spec in inputs:
-        if spec.shape and spec.shape[0] == "*":
+        if shapes is not None and spec.name in shapes:
+            shape = tuple(shapes[spec.name])
+        elif spec.shape and spec.shape[0] == "*":
             raise UserError(f"input {spec.name!r} has an unknown rank: fix its shape with "
                             "--input-shape")
-        shape = tuple(d if isinstance(d, int) else dim_value for d in spec.shape)
+        else:
+            shape = tuple(d if isinstance(d, int) and d > 0 else dim_value for d in spec.shape)
         dtype = numpy_dtype(spec)
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)

@@ -55,6 +55,9 @@ class TensorSpec:
     dtype: str  # numpy dtype name: float32, int64, ...
     shape: tuple[int | str, ...]
     size_bytes: int | None  # None while a dim is dynamic
+    # The shape this tensor really had when prepare ran the stages on its sample
+    # input (model_prep.sample_run); None: never run (--no-profile, older manifests).
+    sample_shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,15 @@ class OrtOptimization:
 
 
 @dataclass(frozen=True)
+class SampleInput:
+    """The input `masa prepare` ran the stages on to fix shapes and profile them."""
+
+    source: str  # "random" (seeded, from the declared shapes) or the .npz file's path
+    seed: int  # of the random data (also of the probe run, model_prep.sample_run)
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (input name, its sample shape)
+
+
+@dataclass(frozen=True)
 class NetworkManifest:
     name: str
     source_path: str
@@ -164,6 +176,7 @@ class NetworkManifest:
     directory: Path = field(default=Path("."), compare=False)
     ort_optimized: OrtOptimization | None = None  # None: cut from the model as given
     load_mode: str = "copy"  # how the stage files hold their weights (LOAD_MODES)
+    sample: SampleInput | None = None  # None: the stages never ran (--no-profile)
 
     def stage_path(self, stage: Stage) -> Path:
         return self.directory / stage.file
@@ -201,8 +214,15 @@ def sha256_file(path: str | Path) -> str:
 
 
 def _tensor_to_dict(tensor: TensorSpec) -> dict[str, Any]:
+    sampled = ({"sample_shape": list(tensor.sample_shape)}
+               if tensor.sample_shape is not None else {})
     return {"name": tensor.name, "dtype": tensor.dtype, "shape": list(tensor.shape),
-            "bytes": tensor.size_bytes}
+            "bytes": tensor.size_bytes, **sampled}
+
+
+def _sample_to_dict(sample: SampleInput) -> dict[str, Any]:
+    return {"source": sample.source, "seed": sample.seed,
+            "shapes": {name: list(shape) for name, shape in sample.shapes}}
 
 
 def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
@@ -219,6 +239,7 @@ def manifest_to_dict(manifest: NetworkManifest) -> dict[str, Any]:
         "outputs": [_tensor_to_dict(t) for t in manifest.outputs],
         **optimized,
         "load_mode": manifest.load_mode,
+        **({"sample": _sample_to_dict(manifest.sample)} if manifest.sample else {}),
         "runtime_base": asdict(manifest.runtime_base) if manifest.runtime_base else None,
         "stages": [
             {
@@ -269,7 +290,40 @@ def _tensor_from_dict(errors: ErrorCollector, raw: Any, path: str) -> TensorSpec
     if size_bytes is not None and not _tensor_bytes_consistent(errors, path, dtype, shape,
                                                                size_bytes):
         return None
-    return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), size_bytes=size_bytes)
+    sample_shape = None
+    if raw.get("sample_shape") is not None:
+        sample_shape = _dims_from_list(errors, raw["sample_shape"], f"{path}.sample_shape")
+        if sample_shape is None:
+            return None
+    return TensorSpec(name=name, dtype=dtype, shape=tuple(shape), size_bytes=size_bytes,
+                      sample_shape=sample_shape)
+
+
+def _dims_from_list(errors: ErrorCollector, raw: Any, path: str) -> tuple[int, ...] | None:
+    """A concrete shape: a list of non-negative integers."""
+    if not isinstance(raw, list) or not all(
+            isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in raw):
+        errors.add(path, f"expected a list of non-negative integers, got {raw!r}")
+        return None
+    return tuple(raw)
+
+
+def _sample_from_dict(errors: ErrorCollector, raw: Any) -> SampleInput | None:
+    if not isinstance(raw, dict):
+        errors.add("sample", f"expected a mapping with source, seed and shapes, got {raw!r}")
+        return None
+    source = errors.get(raw, "source", str, "sample")
+    seed = errors.get(raw, "seed", int, "sample")
+    shapes_raw = errors.get(raw, "shapes", dict, "sample")
+    if None in (source, seed, shapes_raw):
+        return None
+    shapes = []
+    for name, dims in shapes_raw.items():
+        shape = _dims_from_list(errors, dims, f"sample.shapes.{name}")
+        if shape is None:
+            return None
+        shapes.append((str(name), shape))
+    return SampleInput(source=source, seed=seed, shapes=tuple(shapes))
 
 
 _ITEMSIZES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
@@ -375,6 +429,7 @@ def manifest_from_dict(
     load_mode = errors.get(raw, "load_mode", str, "", required=False) or "copy"
     if load_mode not in LOAD_MODES:
         errors.add("load_mode", f"expected one of {', '.join(LOAD_MODES)}, got {load_mode!r}")
+    sample = _sample_from_dict(errors, raw["sample"]) if raw.get("sample") is not None else None
     runtime_raw = raw.get("runtime_base")
     runtime_base = (
         _dataclass_from_dict(errors, RuntimeBase, runtime_raw, "runtime_base")
@@ -395,7 +450,7 @@ def manifest_from_dict(
         name=name, source_path=source_path, source_sha256=source_sha, ir_version=ir_version,
         opsets=tuple(opsets), inputs=tensors["inputs"], outputs=tensors["outputs"],
         stages=tuple(stages), runtime_base=runtime_base, format=fmt, directory=directory,
-        ort_optimized=ort_optimized, load_mode=load_mode,
+        ort_optimized=ort_optimized, load_mode=load_mode, sample=sample,
     )
     if check_files:
         check_stage_files(manifest, full=full_check, source=source)

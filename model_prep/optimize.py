@@ -114,6 +114,7 @@ def optimize_for_split(
             _check_static_inputs(optimized.graph, runtime_inputs, source, untyped[0])
             probed = _probe_types(optimized_path, untyped, source)
             types.update(probed)
+    _drop_folded_inputs(optimized.graph, runtime_inputs)
     produced = {name for node in optimized.graph.node for name in node.output if name}
     graph_outputs = {o.name for o in optimized.graph.output}
     del optimized.graph.value_info[:]
@@ -122,6 +123,21 @@ def optimize_for_split(
             optimized.graph.value_info.append(
                 helper.make_value_info(name, types[name]))
     return optimized
+
+
+def _drop_folded_inputs(graph: onnx.GraphProto, runtime_inputs: Sequence[str]) -> None:
+    """Forget graph inputs that are neither the model's runtime inputs nor initializers.
+
+    An IR 3 model lists its initializers as inputs; ONNX Runtime's saved graph
+    keeps listing those whose initializer it folded away (the onnx wheel's light
+    models: every ConstantOfShape's shape), and the splitter would take them
+    for runtime inputs the network must be fed."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    kept = [value for value in graph.input
+            if value.name in runtime_inputs or value.name in initializers]
+    if len(kept) < len(graph.input):
+        del graph.input[:]
+        graph.input.extend(kept)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:

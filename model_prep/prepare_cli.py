@@ -1,12 +1,15 @@
 """`masa prepare` and `masa verify`: turn an ONNX model into a prepared network in a store.
 
 This module owns the store side of preparation: `prepare_network` splits the
-model (model_prep.split), optionally verifies the stages against the whole
-model (model_prep.verify) and profiles them (model_prep.profile), all inside a
-temporary directory in the store, and only then renames that directory to
-`DIR/NAME`. With `--ort-optimize` the ONNX Runtime-optimised
-model the stages are cut from (model_prep.optimize) is made in that temporary
-directory too, beside the network directory, and never reaches the store.
+model (model_prep.split), runs the stages once on a sample input and fixes
+the cut tensors' shapes to what they really were (model_prep.stage_shapes;
+with `--no-profile` it only loads every stage once), optionally verifies the
+stages against the whole model (model_prep.verify) and profiles them on the
+tensors they received (model_prep.profile), all inside a temporary directory
+in the store, and only then renames that directory to `DIR/NAME`. With
+`--ort-optimize` the ONNX Runtime-optimised model the stages are cut from
+(model_prep.optimize) is made in that temporary directory too, beside the
+network directory, and never reaches the store.
 A failed or interrupted prepare therefore leaves the store as it was; an
 existing network of the same name is replaced only once the new one is
 complete.
@@ -51,10 +54,12 @@ from model_prep.manifest import (
 )
 from model_prep.planner import DEFAULT_MAX_CUT_TENSORS
 from model_prep.profile import profile_network
+from model_prep.sample_run import SAMPLE_DIM, sample_feeds
 from model_prep.shapes import parse_input_shape
 from model_prep.slicing import max_stage_bytes_for_target
 from model_prep.split import check_model_file, check_network_name, default_network_name, split_model
 from model_prep.stage_files import DEFAULT_LOAD_MODE
+from model_prep.stage_shapes import check_stages_load, fix_shapes_on_sample
 from model_prep.store_lock import prepare_lock, remove_retired, retire_network
 from model_prep.summary import stage_summary
 from model_prep.verify import VerifyMismatch, VerifyResult, verify_network
@@ -72,6 +77,7 @@ class PreparedNetwork:
     verify: VerifyResult | None
     split_time_s: float
     profile_time_s: float | None
+    sample_time_s: float | None = None  # the sample and probe runs (None: not run)
 
 
 def prepare_network(
@@ -91,8 +97,9 @@ def prepare_network(
     show_progress: bool | None = None,
     load_mode: str = DEFAULT_LOAD_MODE,
     max_stage_weight_bytes: int = 0,
+    sample_input: str | Path | None = None,
 ) -> PreparedNetwork:
-    """Split (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
+    """Split (+ sample run) (+ verify) (+ profile) MODEL into `store_dir/name`, atomically.
 
     name defaults to the model file's stem. ort_optimize: cut ONNX Runtime's
     optimised graph (see model_prep.optimize); None: in load mode mmap when the
@@ -100,11 +107,17 @@ def prepare_network(
     compares with the original model. load_mode: "mmap" (weights mapped, not copied, by a LOAD) or
     "copy" (model_prep.stage_files). show_progress: None draws a bar when stderr is a terminal.
     max_stage_weight_bytes: slice larger Gemm/MatMul/Conv operators (model_prep.slicing).
-    Raises UserError on bad input, and its subclass RunFailed when verify or
-    profiling fails (VerifyMismatch for a mismatch), leaving the store
-    untouched.
+    With profile, or a sample_input (.npz/.npy), the stages run once on that input
+    (default: seeded random data of the declared shapes) and every cut tensor's
+    shape is fixed to what it really was (model_prep.stage_shapes); profiling then
+    measures each stage on the tensors it received. Otherwise every stage file is
+    loaded once in ONNX Runtime. Raises UserError on bad input, and its subclass
+    RunFailed when verify or profiling fails (VerifyMismatch for a mismatch),
+    leaving the store untouched.
     """
     model_path = check_model_file(model_path)  # before the store is created
+    sample = (str(Path(sample_input).resolve()), load_feeds(sample_input)) \
+        if sample_input is not None else None
     name = check_network_name(name) if name is not None else default_network_name(model_path)
     store = Path(store_dir)
     final_dir = store / name
@@ -118,7 +131,7 @@ def prepare_network(
                                min_stage_weight_bytes=min_stage_weight_bytes,
                                ort_optimize=ort_optimize, show_progress=show_progress,
                                load_mode=load_mode,
-                               max_stage_weight_bytes=max_stage_weight_bytes)
+                               max_stage_weight_bytes=max_stage_weight_bytes, sample=sample)
 
 
 def _prepare_locked(
@@ -128,6 +141,7 @@ def _prepare_locked(
     verify_feeds: Mapping[str, np.ndarray] | None, max_cut_tensors: int,
     min_stage_weight_bytes: int, ort_optimize: bool | None, show_progress: bool | None,
     load_mode: str, max_stage_weight_bytes: int,
+    sample: tuple[str, dict[str, np.ndarray]] | None,
 ) -> PreparedNetwork:
     final_dir = store / name
     _remove_stale_temp_dirs(store, name)
@@ -148,6 +162,15 @@ def _prepare_locked(
                                    scratch_dir=work_dir, load_mode=load_mode,
                                    max_stage_weight_bytes=max_stage_weight_bytes)
         split_time_s = time.perf_counter() - started_s
+        sample_time_s, stage_inputs = None, None
+        if profile or sample is not None:
+            started_s = time.perf_counter()
+            manifest, stage_inputs = _fix_shapes(manifest, model_path, seed, sample,
+                                                 work_dir / "sample")
+            write_manifest(manifest, network_dir / MANIFEST_NAME)
+            sample_time_s = time.perf_counter() - started_s
+        else:
+            check_stages_load(manifest)
         verify_result = None
         if verify:
             feeds = bind_feeds(manifest, verify_feeds) if verify_feeds is not None else None
@@ -158,7 +181,8 @@ def _prepare_locked(
             started_s = time.perf_counter()
             kwargs = {} if profile_runs is None else {"runs": profile_runs}
             with ProgressBar(f"profile {name}", enabled=show_progress) as bar:
-                profiles, runtime_base = profile_network(manifest, progress=bar, **kwargs)
+                profiles, runtime_base = profile_network(manifest, progress=bar, seed=seed,
+                                                         stage_inputs=stage_inputs, **kwargs)
             manifest = manifest.with_profiles(profiles, runtime_base)
             write_manifest(manifest, network_dir / MANIFEST_NAME)
             profile_time_s = time.perf_counter() - started_s
@@ -181,7 +205,17 @@ def _prepare_locked(
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return PreparedNetwork(replace(manifest, directory=final_dir), verify_result,
-                           split_time_s, profile_time_s)
+                           split_time_s, profile_time_s, sample_time_s)
+
+
+def _fix_shapes(manifest: NetworkManifest, model_path: Path, seed: int,
+                sample: tuple[str, dict[str, np.ndarray]] | None, save_dir: Path
+                ) -> tuple[NetworkManifest, dict[str, Path]]:
+    """Run the stages on the sample (the user's or seeded random data) and fix the cut
+    tensors' shapes; each stage's real inputs, saved for the profiler."""
+    given, source = (bind_feeds(manifest, sample[1]), sample[0]) if sample else (None, "random")
+    feeds, record = sample_feeds(manifest, seed, given, source)
+    return fix_shapes_on_sample(manifest, model_path, feeds, record, save_dir)
 
 
 def _refuse_invalid_model(model_path: Path, exc: Exception) -> None:
@@ -284,7 +318,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         metavar="NAME=1x3x224x224",
                         help="fix the dims of input NAME (repeatable); a non-number dim "
                              "such as N stays dynamic")
-    parser.add_argument("--no-profile", action="store_true", help="skip profiling")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the sample run and profiling (every stage file is still "
+                             "loaded once in ONNX Runtime)")
+    parser.add_argument("--sample-input", metavar="X.npz|X.npy",
+                        help="run the stages on this input to fix the cut tensors' shapes and "
+                             "profile each stage on what it receives (default: seeded random "
+                             "data of the declared shapes, dynamic dims 1 for the first, "
+                             f"{SAMPLE_DIM} for others); for models whose behaviour depends "
+                             "on real values")
     parser.add_argument("--runs", type=int, default=None,
                         help="timed runs per stage when profiling (default: the profiler's)")
     parser.add_argument("--verify", action="store_true",
@@ -293,7 +335,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verify-input", metavar="X.npy|X.npz",
                         help="verify on this input instead of a random one (.npy for a "
                              "single-input model, .npz with one array per input name)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random verify input")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random sample and verify inputs")
     parser.add_argument("--max-cut-tensors", type=int, default=DEFAULT_MAX_CUT_TENSORS,
                         help="merge stages rather than cut where more tensors than this "
                              "would cross the cut (default %(default)s)")
@@ -362,6 +405,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
             min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
             ort_optimize=args.ort_optimize, show_progress=False if quiet else None,
             load_mode=args.load_mode, max_stage_weight_bytes=_max_stage_bytes(args),
+            sample_input=args.sample_input,
         )
     except VerifyMismatch as mismatch:
         if args.json:
@@ -398,6 +442,7 @@ def _prepared_document(prepared: PreparedNetwork) -> dict[str, Any]:
         "stage_count": len(manifest.stages),
         "split_time_s": prepared.split_time_s,
         "profile_time_s": prepared.profile_time_s,
+        "sample_time_s": prepared.sample_time_s,
         "verify": prepared.verify.to_dict() if prepared.verify is not None else None,
         "manifest": manifest_to_dict(manifest),
     }
@@ -413,6 +458,7 @@ def _print_prepared(prepared: PreparedNetwork, quiet: bool) -> None:
                 print(f"* {stage.stage_id}: {stage.note}")
     print(f"prepared {manifest.name}: {len(manifest.stages)} stages in {manifest.directory} "
           f"(split {prepared.split_time_s:.2f} s"
+          + (f", sample run {prepared.sample_time_s:.2f} s" if prepared.sample_time_s else "")
           + (f", profile {prepared.profile_time_s:.1f} s" if prepared.profile_time_s else "")
           + ")")
     if manifest.ort_optimized is not None:

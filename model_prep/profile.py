@@ -12,7 +12,8 @@ Per stage, in the worker (model_prep.profile_worker, which runs there):
   sampler slows loads), then the RSS increase that stays after gc + trim;
 - exec peak: the first run on a freshly loaded session, which is what the
   scheduler runs (load, one exec, unload); exec time: median of `runs` further
-  runs after that warm-up, on seeded random inputs (dynamic dims -> 1).
+  runs after that warm-up, on the tensors the stage really receives: those
+  of one run of the whole stage chain (model_prep.sample_run).
 Every memory figure is an increase over the RSS just before the operation,
 measured after `release_memory()` so freed-but-cached heap is not counted.
 
@@ -46,12 +47,15 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from masa.common.errors import RunFailed, UserError
 from model_prep.manifest import NetworkManifest, RuntimeBase, SessionAlternative, StageProfile
@@ -374,6 +378,8 @@ def profile_network(
     kernel_peak: bool = True,
     stage_ids: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
+    stage_inputs: Mapping[str, Path] | None = None,
+    sample_feeds: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, StageProfile], RuntimeBase]:
     """Profile every stage (or `stage_ids`) of a prepared network, one at a time.
 
@@ -385,14 +391,21 @@ def profile_network(
     while the sampler saw a gap longer than `gap_limit_us` between samples,
     and the largest figures are kept.
     kernel_peak: use VmHWM via clear_refs (False forces the sampled fallback).
+    stage_inputs: {stage id: .npz of the tensors it received in the sample run}
+    (model_prep.sample_run); None runs the stages once here on `sample_feeds`
+    (default: a seeded random input of the shapes the manifest's sample had),
+    so every stage is measured on the tensors it really receives either way.
     Returns ({stage id: profile}, runtime base of the worker; the median over
     workers with isolation="process").
     """
     _check_arguments(runs, warmup_runs, isolation, sample_attempts, kernel_peak, sample)
-    jobs = _stage_jobs(manifest, stage_ids, runs, warmup_runs, seed, sample_attempts,
-                       gap_limit_us)
-    throwaway_path = str(WARMUP_MODEL_PATH)
-    tally = _profile_jobs(jobs, throwaway_path, isolation, kernel_peak, sample, progress)
+    with tempfile.TemporaryDirectory(prefix="masa-sample-") as temp_dir:
+        if stage_inputs is None:
+            stage_inputs = _run_sample(manifest, seed, Path(temp_dir), sample_feeds)
+        jobs = _stage_jobs(manifest, stage_ids, runs, warmup_runs, seed, sample_attempts,
+                           gap_limit_us, stage_inputs)
+        throwaway_path = str(WARMUP_MODEL_PATH)
+        tally = _profile_jobs(jobs, throwaway_path, isolation, kernel_peak, sample, progress)
     if not tally.bases:  # nothing to profile: still report what a worker costs
         worker = _Worker(throwaway_path, kernel_peak, False)
         tally.bases.append(worker.runtime_base)
@@ -404,6 +417,20 @@ def profile_network(
                  "over %.1f ms between samples (busy machine); sampled peaks there may be low",
                  tally.gapped_phases, tally.observed_phases, gap_limit_us / 1000)
     return tally.profiles, _median_base(tally.bases)
+
+
+def _run_sample(manifest: NetworkManifest, seed: int, save_dir: Path,
+                feeds: Mapping[str, np.ndarray] | None) -> dict[str, Path]:
+    """Each stage's real inputs, from one run of the chain (ProfileError if it fails)."""
+    from model_prep.sample_run import recorded_sample_feeds, run_sample  # onnx: offline only
+
+    if feeds is None:
+        feeds = recorded_sample_feeds(manifest, seed)
+    try:
+        return run_sample(manifest, feeds, save_dir).stage_inputs
+    except RunFailed as exc:
+        raise ProfileError(f"cannot run the stages on a sample input to profile them: "
+                           f"{exc}") from None
 
 
 def _check_arguments(runs: int, warmup_runs: int, isolation: str, sample_attempts: int,
@@ -423,8 +450,8 @@ def _check_arguments(runs: int, warmup_runs: int, isolation: str, sample_attempt
 
 
 def _stage_jobs(manifest: NetworkManifest, stage_ids: Sequence[str] | None, runs: int,
-                warmup_runs: int, seed: int, sample_attempts: int, gap_limit_us: float
-                ) -> list[StageJob]:
+                warmup_runs: int, seed: int, sample_attempts: int, gap_limit_us: float,
+                stage_inputs: Mapping[str, Path]) -> list[StageJob]:
     """One job per selected stage, in manifest order; UserError for unknown or missing ones."""
     stages = list(manifest.stages)
     if stage_ids is not None:
@@ -448,7 +475,8 @@ def _stage_jobs(manifest: NetworkManifest, stage_ids: Sequence[str] | None, runs
             jobs.append(StageJob(stage.stage_id, str(path), stage.inputs, runs, warmup_runs,
                                  (seed, index), sample_attempts, gap_limit_us,
                                  prepack=stage.mapped_bytes == 0,
-                                 mapped_bytes=stage.mapped_bytes))
+                                 mapped_bytes=stage.mapped_bytes,
+                                 inputs_path=str(stage_inputs[stage.stage_id])))
     return jobs
 
 

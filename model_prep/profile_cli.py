@@ -27,6 +27,7 @@ from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.progress import ProgressBar
 from masa.common.units import format_bytes
+from model_prep.feeds import bind_feeds, load_feeds
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest, load_manifest, write_manifest
 from model_prep.profile import DEFAULT_RUNS, ISOLATION_MODES, profile_network
 
@@ -50,7 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="recycle: one worker cleaned between stages (default); "
                         "process: a fresh worker process per stage (slower)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the random stage inputs (default 0)")
+                        help="seed of the random sample input the stages run on first, of "
+                             "the shapes the manifest's sample records (default 0)")
+    parser.add_argument("--sample-input", metavar="X.npz|X.npy",
+                        help="run the stages on this input instead, and profile each stage "
+                             "on what it receives")
     parser.add_argument("--no-sample", dest="sample", action="store_false",
                         help="skip the statm sampling thread (kernel VmHWM peaks only)")
     parser.add_argument("--dry-run", action="store_true",
@@ -64,11 +69,12 @@ def run_profile(args: argparse.Namespace) -> int:
     manifest = load_manifest(network_dir)
     if not args.dry_run:
         _check_writable(network_dir / MANIFEST_NAME)  # before minutes of profiling
+    feeds = bind_feeds(manifest, load_feeds(args.sample_input)) if args.sample_input else None
     progress = _Progress(manifest.name, quiet=getattr(args, "quiet", False))
     try:
         profiles, runtime_base = profile_network(
             manifest, runs=args.runs, isolation=args.isolation, seed=args.seed,
-            sample=args.sample, progress=progress,
+            sample=args.sample, progress=progress, sample_feeds=feeds,
         )
     finally:
         progress.close()

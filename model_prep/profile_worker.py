@@ -12,7 +12,8 @@ Per stage (docs/profiling.md), with the session option of the job
 observed by the supervisor's sampler and by the kernel's VmHWM; the load time
 and resident size from one more load nobody observes (the busy sampler slows
 loads); the exec peak of the first run of a fresh session; the median of
-`runs` timed runs after warm-up. Every memory figure is an increase over the
+`runs` timed runs after warm-up, on the tensors the stage received in prepare's
+sample run (model_prep.sample_run). Every memory figure is an increase over the
 RSS just before the operation, measured after `release_memory()`. Weight
 pages a run maps in from the stage's data file (file-backed RSS growth over
 the first run) count as resident from the load on, not as exec memory: the
@@ -60,6 +61,9 @@ class StageJob:
     gap_limit_us: float
     prepack: bool = True  # the session option measured (model_prep.session.load_stage)
     mapped_bytes: int = 0  # weight bytes in the stage's data file
+    # The tensors the stage really receives (model_prep.sample_run: an .npz of its
+    # inputs in order); None: seeded random tensors of the declared shapes.
+    inputs_path: str | None = None
 
 
 def worker_entry(argv: list[str]) -> None:
@@ -142,10 +146,18 @@ def _random_inputs(inputs: Sequence[TensorSpec], seed: tuple[int, int]) -> dict[
     return feeds
 
 
+def _sample_inputs(job: StageJob) -> dict[str, Any]:
+    """The stage's inputs from the sample run, by position (npz keys are arr_0...)."""
+    assert job.inputs_path is not None
+    with np.load(job.inputs_path, allow_pickle=False) as saved:
+        arrays = [saved[f"arr_{index}"] for index in range(len(job.inputs))]
+    return {spec.name: value for spec, value in zip(job.inputs, arrays, strict=True)}
+
+
 def _measure_stage(job: StageJob, conn: Any | None, kernel_peak: bool) -> dict[str, Any]:
     stage = _StageMeasurement(job, conn, kernel_peak)
     load_time_us, load_peak, resident = stage.load()
-    feeds = _random_inputs(job.inputs, job.seed)
+    feeds = _sample_inputs(job) if job.inputs_path else _random_inputs(job.inputs, job.seed)
     exec_peak = stage.first_run(feeds)
     # The run's file-backed growth: weight pages of the data file it mapped in.
     mapped = stage.mapped_in_bytes

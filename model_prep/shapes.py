@@ -159,8 +159,10 @@ def tensor_spec(name: str, value_type: onnx.TypeProto | None) -> TensorSpec:
     dtype = _dtype_name(tensor_type.elem_type) if tensor_type.elem_type else "unknown"
     if not tensor_type.HasField("shape"):
         return TensorSpec(name=name, dtype=dtype, shape=(UNKNOWN_RANK,), size_bytes=None)
+    # A negative dim_value (-1 in PaddleOCR exports) means "dynamic", as in ORT.
     shape: tuple[int | str, ...] = tuple(
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or UNKNOWN_DIM)
+        d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+        else (d.dim_param or UNKNOWN_DIM)
         for d in tensor_type.shape.dim
     )
     itemsize = _itemsize(tensor_type.elem_type) if tensor_type.elem_type else 0

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
@@ -39,6 +40,7 @@ from model_prep.stage_files import DEFAULT_EXTERNAL_DATA_BYTES
 log = logging.getLogger(__name__)
 
 RELATIVE_TOLERANCE = 1e-5
+ORT_LOG_FATAL = 4  # onnxruntime's log severity levels: 0 verbose ... 4 fatal
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,16 @@ class VerifyMismatch(RunFailed):
         self.result = result
 
 
+StageObserver = Callable[[Stage, Mapping[str, np.ndarray], list[np.ndarray]], None]
+
+
 def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
-               keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+               keep: Collection[str] = (), on_stage: StageObserver | None = None,
+               quiet: bool = False) -> dict[str, np.ndarray]:
     """Run every stage in manifest order; return the network's outputs by name
-    (and the stage-boundary tensors named in `keep`).
+    (and the stage-boundary tensors named in `keep`). `on_stage(stage, its
+    inputs, its outputs)` is called after each stage (model_prep.sample_run).
+    quiet: ONNX Runtime logs nothing while running (a failure is still raised).
 
     One session at a time, dropped right after its run; an intermediate tensor
     is dropped after its last consuming stage. The heap is trimmed once at the
@@ -126,8 +134,11 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
             last_use[spec.name] = index
     values: dict[str, np.ndarray] = {spec.name: feeds[spec.name] for spec in manifest.inputs}
     for index, stage in enumerate(manifest.stages):
-        results = _run_stage(manifest, stage,
-                             {spec.name: values[spec.name] for spec in stage.inputs})
+        stage_feeds = {spec.name: values[spec.name] for spec in stage.inputs}
+        results = _run_stage(manifest, stage, stage_feeds, quiet)
+        if on_stage is not None:
+            on_stage(stage, stage_feeds, results)
+        del stage_feeds
         for spec, value in zip(stage.outputs, results, strict=True):
             values[spec.name] = value
         for spec in stage.inputs:
@@ -137,14 +148,14 @@ def run_stages(manifest: NetworkManifest, feeds: Mapping[str, np.ndarray],
     return {name: values[name] for name in output_names}
 
 
-def _run_stage(manifest: NetworkManifest, stage: Stage, feeds: dict[str, np.ndarray]
-               ) -> list[np.ndarray]:
+def _run_stage(manifest: NetworkManifest, stage: Stage, feeds: dict[str, np.ndarray],
+               quiet: bool = False) -> list[np.ndarray]:
     """One run of one stage in a session of its own; RunFailed if ONNX Runtime fails."""
     path = manifest.stage_path(stage)
     session = None
     try:
         session = load_stage(path, stage.prepack, stage.mapped_bytes)
-        return session.run([spec.name for spec in stage.outputs], feeds)
+        return session.run([spec.name for spec in stage.outputs], feeds, _run_options(quiet))
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         raise RunFailed(f"{path}: ONNX Runtime failed on stage {stage.stage_id!r} of network "
                         f"{manifest.name!r}: {one_line(exc)}") from None
@@ -152,9 +163,16 @@ def _run_stage(manifest: NetworkManifest, stage: Stage, feeds: dict[str, np.ndar
         del session
 
 
+def _run_options(quiet: bool) -> ort.RunOptions:
+    options = ort.RunOptions()
+    if quiet:  # the caller reports a failure in one line; ORT's own log is noise
+        options.log_severity_level = ORT_LOG_FATAL
+    return options
+
+
 def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
-                    feeds: Mapping[str, np.ndarray], extra_outputs: Sequence[str] = ()
-                    ) -> dict[str, np.ndarray]:
+                    feeds: Mapping[str, np.ndarray], extra_outputs: Sequence[str] = (),
+                    quiet: bool = False) -> dict[str, np.ndarray]:
     """One run of the source model, as the splitter read it, on the given inputs.
 
     Returns the model outputs, plus the intermediate tensors `extra_outputs`
@@ -184,7 +202,7 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
                    for i in graph.input if i.name not in initializer_names)
     if not overridable and not reshaped and not extra:
         del model
-        return _run_once(model_path, output_names, feeds)
+        return _run_once(model_path, output_names, feeds, quiet)
     try:
         external_data_helper.load_external_data_for_model(model, str(Path(model_path).parent))
     except (OSError, ValueError) as exc:
@@ -214,7 +232,7 @@ def run_whole_model(model_path: str | Path, manifest: NetworkManifest,
                         save_as_external_data=weight_bytes >= DEFAULT_EXTERNAL_DATA_BYTES,
                         location="whole.onnx.data")
         del model, graph
-        return _run_once(path, output_names, feeds)
+        return _run_once(path, output_names, feeds, quiet)
 
 
 def _declared_shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
@@ -225,13 +243,13 @@ def _declared_shape(value: onnx.ValueInfoProto) -> tuple[int | str, ...] | None:
                  for d in tensor_type.shape.dim)
 
 
-def _run_once(path: str | Path, output_names: list[str], feeds: Mapping[str, np.ndarray]
-              ) -> dict[str, np.ndarray]:
+def _run_once(path: str | Path, output_names: list[str], feeds: Mapping[str, np.ndarray],
+              quiet: bool = False) -> dict[str, np.ndarray]:
     """One run of the whole model; RunFailed if ONNX Runtime fails on it."""
     session = None
     try:
         session = create_session(path)
-        outputs = session.run(output_names, dict(feeds))
+        outputs = session.run(output_names, dict(feeds), _run_options(quiet))
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         raise RunFailed(f"ONNX Runtime failed on the whole model ({path}): "
                         f"{one_line(exc)}") from None
