@@ -124,7 +124,7 @@ def resize_bilinear(image_hwc: np.ndarray, height: int, width: int) -> np.ndarra
     return (top * (1 - wy) + bottom * wy).astype(np.float32)
 
 
-def _image_layout(shape: tuple[int | str, ...]) -> str:
+def image_layout(shape: tuple[int | str, ...]) -> str:
     """'nchw' or 'nhwc' for a 4-D image input, from where its channel count sits."""
     if len(shape) != 4:
         raise ValueError(f"expected a 4-D image input (NCHW or NHWC), got shape {shape}")
@@ -150,7 +150,7 @@ def fit_to_input(array: np.ndarray, tensor: TensorSpec) -> np.ndarray:
     shape = tensor.shape
     if all(isinstance(d, int) for d in shape) and source.shape == tuple(shape):
         return source.astype(dtype, copy=False)
-    layout = _image_layout(shape)
+    layout = image_layout(shape)
     image = _as_hwc(source)
     channels = int(shape[1] if layout == "nchw" else shape[3])
     if image.shape[2] == 4:

@@ -115,11 +115,11 @@ def load_workload(path: str | Path, store_dir: Path | None = None) -> Workload:
     name = errors.get(raw, "name", str, "", required=False, default=source.stem)
     description = errors.get(raw, "description", str, "", required=False, default="")
 
-    nodes = _parse_graph(errors, raw.get("graph"))
-    manifests = _store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
+    nodes = parse_graph(errors, raw.get("graph"))
+    manifests = store_manifests(errors, store_dir, nodes) if store_dir is not None else {}
     if manifests:
-        _check_outputs(errors, nodes, manifests)
-    ordered = _network_order(errors, nodes)
+        check_outputs(errors, nodes, manifests)
+    ordered = network_order(errors, nodes)
     input_spec = _parse_input(errors, raw.get("input", "random"), source.parent)
     intensity = _parse_intensity(errors, raw)
     arrivals = _parse_arrivals(errors, raw.get("arrivals"), intensity is not None)
@@ -153,7 +153,7 @@ def _string_list(errors: ErrorCollector, value: Any, path: str) -> tuple[str, ..
     return ()
 
 
-def _parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
+def parse_graph(errors: ErrorCollector, raw: Any) -> list[NetworkNode]:
     """The job graph's nodes in file order."""
     if raw is None:
         errors.add("graph", "missing field, expected a mapping of network names")
@@ -352,8 +352,8 @@ def _parse_transform(errors: ErrorCollector, raw: Any, path: str,
                      coords=coords, margin=margin)
 
 
-def _network_order(errors: ErrorCollector, nodes: list[NetworkNode]
-                   ) -> tuple[NetworkNode, ...]:
+def network_order(errors: ErrorCollector, nodes: list[NetworkNode]
+                  ) -> tuple[NetworkNode, ...]:
     """Nodes with upstreams first, otherwise in file order; a cycle is reported."""
     by_name = {node.name: node for node in nodes}
     names = list(by_name)
@@ -372,8 +372,9 @@ def _network_order(errors: ErrorCollector, nodes: list[NetworkNode]
     return tuple(nodes)
 
 
-def _store_manifests(errors: ErrorCollector, store_dir: Path,
-                     nodes: list[NetworkNode]) -> dict[str, NetworkManifest]:
+def store_manifests(errors: ErrorCollector, store_dir: Path,
+                    nodes: list[NetworkNode]) -> dict[str, NetworkManifest]:
+    """Each node's manifest from the store; an unknown or unreadable network is an error."""
     store = Path(store_dir)
     if not store.is_dir():
         errors.add("", f"store {store} is not a directory")
@@ -394,8 +395,10 @@ def _store_manifests(errors: ErrorCollector, store_dir: Path,
     return manifests
 
 
-def _check_outputs(errors: ErrorCollector, nodes: list[NetworkNode],
-                   manifests: Mapping[str, NetworkManifest]) -> None:
+def check_outputs(errors: ErrorCollector, nodes: list[NetworkNode],
+                  manifests: Mapping[str, NetworkManifest]) -> None:
+    """The output names conditions and transforms read exist; a transformed network has one
+    input."""
     for node in nodes:
         path = f"graph.{node.name}"
         for index, condition in enumerate(node.when):

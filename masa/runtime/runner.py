@@ -182,12 +182,12 @@ def prepare_run(
     )
     # In every context a derived input needs its upstreams' outputs (under CA-wait
     # the gate already ensures it; the edges then change nothing).
-    graph = _with_transform_waits(graph, job_list, workload, manifests)
+    graph = with_transform_waits(graph, job_list, workload, manifests)
     return PreparedRun(workload, context, manifests, job_list, graph,
                        upstreams if context != "oblivious" else {}, pins)
 
 
-def _with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: Workload,
+def with_transform_waits(graph: TaskGraph, jobs: Sequence[JobSpec], workload: Workload,
                           manifests: Mapping[str, NetworkManifest]) -> TaskGraph:
     """A network whose input derives from upstream outputs may load early, but its
     first EXEC needs those outputs: it waits for the upstreams' last EXECs."""

@@ -11,7 +11,11 @@ listen, print the address, run until SIGTERM or SIGINT, then refuse new jobs
 unfinished stay queued in the journal.
 
 Blocking work (decoding, the journal) runs in the event loop's default
-executor, never on the loop itself.
+executor, never on the loop itself; the one exception is a `.npy` tensor the
+job's networks take as it is, whose decoding is a view of the body and whose
+check is a comparison of shapes: it is submitted from the loop, without a
+hand-over to a thread before the job starts (Service.begin_accept). The 202
+waits for the job's journal commit without holding a thread.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from masa.sched.jobs import stage_costs
+from masa.serve.journal import FINAL_STATES
 from masa.serve.metrics import CONTENT_TYPE
 from masa.serve.openapi import openapi_document
 from masa.serve.service import (
@@ -104,7 +110,19 @@ async def submit_job(request: web.Request) -> web.Response:
         raise ServeError(413, f"body of {request.content_length} bytes, more than the limit "
                          f"of {limit}", "too_large")
     body = await request.read()
-    job_id = await _run(service.accept, graph, body, request.content_type or "")
+    content_type = request.content_type or ""
+    # A tensor the networks take as it is is decoded and submitted here, on the loop
+    # (no hand-over to a thread before the job starts); anything else in a thread.
+    started = service.begin_accept(graph, body, content_type, on_loop=True)
+    if started is None:
+        started = await _run(partial(service.begin_accept, graph, body, content_type))
+    job_id, committed = started
+    try:  # the job already runs; the 202 waits for its journal record's commit
+        await asyncio.wrap_future(committed)
+        error = None
+    except Exception as failure:
+        error = failure
+    service.end_accept(job_id, graph, error)
     url = f"/v1/jobs/{job_id}"
     return web.json_response({"id": job_id, "state": "queued", "url": url}, status=202,
                              headers={"Location": url})
@@ -125,19 +143,23 @@ async def get_job(request: web.Request) -> web.Response:
     wait_s = _wait_seconds(request)
     while_state = request.query.get("while")  # None: wait while the job has not ended
 
-    def waiting(document: dict[str, Any]) -> bool:
+    def waiting(state: str) -> bool:
         if while_state is None:
-            return not service.is_final(document)
-        return document["state"] == while_state
+            return state not in FINAL_STATES
+        return state == while_state
+
+    async def view() -> tuple[str, bytes] | None:
+        # From memory on the loop while the job runs or just ended; else the journal.
+        return service.cached_view(job_id) or await _run(service.job_view, job_id)
 
     event = asyncio.Event()
     waiters: dict[int, set[asyncio.Event]] = request.app[_WAITERS]
     if wait_s > 0:  # registered before the first read: a change cannot slip between
         waiters.setdefault(job_id, set()).add(event)
     try:
-        document = await _run(service.job_document, job_id)
+        found = await view()
         deadline_s = asyncio.get_running_loop().time() + wait_s
-        while document is not None and wait_s > 0 and waiting(document):
+        while found is not None and wait_s > 0 and waiting(found[0]):
             remaining_s = deadline_s - asyncio.get_running_loop().time()
             if remaining_s <= 0:
                 break
@@ -146,7 +168,7 @@ async def get_job(request: web.Request) -> web.Response:
                 await asyncio.wait_for(event.wait(), remaining_s)
             except TimeoutError:
                 pass
-            document = await _run(service.job_document, job_id)
+            found = await view()
     finally:
         if wait_s > 0:
             waiting = waiters.get(job_id)
@@ -154,9 +176,9 @@ async def get_job(request: web.Request) -> web.Response:
                 waiting.discard(event)
                 if not waiting:
                     del waiters[job_id]
-    if document is None:
+    if found is None:
         raise ServeError(404, f"no job {job_id}", "not_found")
-    return web.json_response(document)
+    return web.Response(body=found[1], content_type="application/json")
 
 
 async def get_outputs(request: web.Request) -> web.Response:
@@ -231,6 +253,9 @@ async def status(request: web.Request) -> web.Response:
         "memory_budget_bytes": service.budget_bytes, "budget": service.budget_how,
         "reserved_bytes": service.state.ledger.reserved_bytes,
         "peak_reserved_bytes": service.peak_reserved_bytes,
+        # The process's own measure since start, as `masa run` reports it: anonymous
+        # memory above the baseline plus the loaded stages' weights in memory.
+        "peak_measured_bytes": service.backend.meter.peak_measured_bytes,
         "over_budget_violations": service.violations,
         "scheduler_state": service.state_sizes(),
         "policy": service.config.policy, "context": service.config.context,

@@ -32,14 +32,13 @@ from model_prep.manifest import NetworkManifest
 from workloads.arrivals import Arrival
 
 # The graph section's own validators: the same checks and messages as a
-# workload file's `graph:` (workloads.loader has no public entry for a graph
-# without the rest of a workload).
+# workload file's `graph:`.
 from workloads.loader import (
-    _check_outputs,
-    _network_order,
-    _parse_graph,
-    _store_manifests,
+    check_outputs,
     load_workload,
+    network_order,
+    parse_graph,
+    store_manifests,
 )
 from workloads.model import InputSpec, NetworkNode, Workload
 
@@ -347,14 +346,14 @@ def _graph_workload(errors: _Prefixed, name: str, entry: Mapping[str, Any], stor
             return None
     else:
         # Paths come out as 'graphs.NAME.graph.NETWORK...', as in a workload file.
-        nodes = _parse_graph(errors, entry["graph"])
-        ordered = _network_order(errors, nodes)
+        nodes = parse_graph(errors, entry["graph"])
+        ordered = network_order(errors, nodes)
         workload = Workload(name=name, source=Path(errors.source), nodes=ordered,
                             input=InputSpec(kind="random"),
                             arrivals=Arrival(kind="periodic", count=1, interval_us=1))
     if store is not None and store.is_dir() and len(errors.problems) == before:
-        found = _store_manifests(errors, store, list(workload.nodes))
-        _check_outputs(errors, list(workload.nodes), found)
+        found = store_manifests(errors, store, list(workload.nodes))
+        check_outputs(errors, list(workload.nodes), found)
         for network, manifest in found.items():
             manifests.setdefault(network, manifest)
     return workload if len(errors.problems) == before else None

@@ -31,7 +31,7 @@ from PIL import Image
 
 from masa.serve.config import GraphSpec, Preprocess
 from model_prep.manifest import NetworkManifest, TensorSpec
-from workloads.inputs import _image_layout, apply_transform, fit_to_input
+from workloads.inputs import apply_transform, fit_to_input, image_layout
 from workloads.model import UpstreamOutputs
 
 INPUT_KINDS = ("image", "npy", "npz", "json")
@@ -130,12 +130,19 @@ def _decode_npy(stream: io.BytesIO | zipfile.ZipExtFile, limits: Limits, what: s
     try:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
         else:
-            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
         if dtype.hasobject:
             raise BadInput(f"{what}: object arrays are not accepted")
         _check_array_header(shape, dtype, limits, what)
+        if isinstance(stream, io.BytesIO):
+            # The body is in memory: the array is a view of the stream's buffer,
+            # not read through np.load's chunked copies (~1 ms for 600 KB).
+            count = int(np.prod(shape, dtype=np.int64))
+            flat = np.frombuffer(stream.getbuffer(), dtype=dtype, count=count,
+                                 offset=stream.tell())
+            return flat.reshape(shape, order="F" if fortran_order else "C")
         stream.seek(0)
         return np.load(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
@@ -219,7 +226,7 @@ def _target_size(spec: Preprocess, tensor: TensorSpec, layout: str, image: Image
 
 def preprocess_image(array: np.ndarray, spec: Preprocess, tensor: TensorSpec) -> np.ndarray:
     """A photo (height x width x channels) as the network's input tensor (batch 1)."""
-    layout = spec.layout or _image_layout(tensor.shape)
+    layout = spec.layout or image_layout(tensor.shape)
     source = np.asarray(array)
     if source.ndim == 3 and source.shape[2] == 1:
         source = source[:, :, 0]

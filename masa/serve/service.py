@@ -3,17 +3,28 @@
 Owns everything between an accepted request and a journaled result, on four
 kinds of threads:
 
-- callers (the HTTP server's executor threads) `accept`, `cancel` and read;
-  `accept` decodes and checks the input, journals the job, then submits its
-  task graph to the driver: a job is in the journal before its 202;
+- callers (the HTTP server's event loop and executor threads) accept jobs,
+  `cancel` and read; `begin_accept` decodes and checks the input (on the
+  event loop only for a tensor the networks take as it is), queues the
+  job's journal record and submits its task graph to the driver;
+  `end_accept` follows the record's commit: the job starts while it is
+  being journaled (the journal's cost is not added to its response time),
+  and it is in the journal before its 202 (a job whose record cannot be
+  written is cancelled and refused);
 - the scheduler thread runs masa.runtime.driver's loop with `live=` (the one
   loop of `masa run` and the simulator) on a `ThreadBackend`, with
   `forget_ended`: an ended job leaves the scheduler state, so the state is
   as large as the unfinished work, not as the service's age;
 - the backend's worker threads run LOAD and EXEC tasks (ONNX Runtime);
-- the journal writer thread writes each ended job's result and only then
-  publishes it (`on_final` listeners, metrics), so a client never sees a
-  result that a crash could take back. It also prunes old results.
+- the journal writer thread takes every record queued (new jobs, starts,
+  ends) and writes them in one transaction, in the order they were queued
+  (a job's row before its end). It encodes an ended job's result (JSON and
+  .npz) and only after the commit publishes it (`on_final` listeners,
+  metrics, the last results kept encoded for the long-polls that wait on
+  them), so a client never sees a result that a crash could take back. It
+  also prunes old results. Without fsync (`journal_sync: normal`) the
+  scheduler's thread writes a result itself once the job's row is
+  committed: cheaper than the hand-over.
 
 On `start`, every journaled job that is not final runs again (a cancel
 requested before the crash ends it as cancelled): after a kill -9 each
@@ -26,14 +37,17 @@ from __future__ import annotations
 
 import hmac
 import io
+import json
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,16 +55,32 @@ from masa.common.errors import UserError, one_line
 from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
 from masa.common.units import format_bytes
 from masa.runtime.driver import Driver, Observer
-from masa.runtime.registry import make_policy
-from masa.runtime.runner import _with_transform_waits
+from masa.runtime.registry import close_policy, make_policy
+from masa.runtime.runner import with_transform_waits
 from masa.runtime.threads import RealRunConfig, ThreadBackend
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import GroupStatus, OverCommit, new_state
 from masa.sched.jobs import JobSpec, build_job_graph, group_id, stage_costs
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
 from masa.serve.config import GraphSpec, ServeConfig
-from masa.serve.inputs import BadInput, JobInput, Limits, TooLarge, decode_body, network_feeds
-from masa.serve.journal import FINAL_STATES, Journal, JournaledJob
+from masa.serve.inputs import (
+    BadInput,
+    JobInput,
+    Limits,
+    TooLarge,
+    decode_body,
+    network_feeds,
+    sniff_kind,
+)
+from masa.serve.journal import (
+    FINAL_STATES,
+    Final,
+    Journal,
+    JournaledJob,
+    NewJob,
+    Started,
+    Write,
+)
 from masa.serve.metrics import Metrics
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest
 from workloads.generation import should_run
@@ -58,6 +88,11 @@ from workloads.generation import should_run
 log = logging.getLogger(__name__)
 
 _PRUNE_INTERVAL_S = 60.0
+# Ended jobs whose result stays encoded in memory: a long-poll woken by the end
+# answers without reading the journal. Bounded, so memory stays flat.
+_RECENT_RESULTS = 64
+_MAX_BATCH = 256  # journal records in one transaction
+_STARTED_DELAY_S = 1.0  # the longest a job's start waits to share another record's commit
 
 
 class ServeError(Exception):
@@ -131,7 +166,7 @@ class _ActiveJob:
     started_at: float | None = None
     cancel_requested: bool = False
     ending: bool = False  # ended in the scheduler, result not yet journaled
-    feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # checked at accept
+    committed: Future[None] | None = None  # its row's commit; None: resumed, in the journal
     networks: dict[str, _NetworkProgress] = field(default_factory=dict)
 
 
@@ -174,13 +209,18 @@ class Service:
         self._jobs: dict[int, _ActiveJob] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        # One request decoded at a time: the transient memory of decoding and checking
+        # (unmodelled, like any memory outside the ledger) is one job's, not one per
+        # HTTP thread.
+        self._decoding = threading.Lock()
         self._accepting = False
         self._live = True
         self.on_final: list[Callable[[int], None]] = []  # called after a result is journaled
         self.on_started: list[Callable[[int], None]] = []  # a job's first task was dispatched
         self.violations = 0  # over-commits of a memory-aware policy while others ran
         self.peak_reserved_bytes = 0
-        self.state = new_state(config.workers, self.budget_bytes, make_policy(config.policy))
+        self.state = new_state(config.workers, self.budget_bytes,
+                               make_policy(config.policy, real_time=True))
         controller = None
         if config.context != "oblivious" and config.upstreams:
             controller = _GraphContext(config.context, config.upstreams, self._decide)
@@ -193,8 +233,9 @@ class Service:
                           intra_op_threads=config.intra_op_threads, keep_outputs=True))
         self.driver = Driver(self.state, self.backend, context=controller,
                              observers=[_JobObserver(self)], forget_ended=True)
-        # Journal writes off the scheduler's thread, in order; None stops the writer.
-        self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Journal records off the scheduler's thread, in order; None stops the writer.
+        self._writes: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._recent: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id -> state, JSON
         self._loop_thread = threading.Thread(target=self._loop, name="masa-scheduler",
                                              daemon=True)
         self._writer_thread = threading.Thread(target=self._writer, name="masa-journal",
@@ -216,7 +257,9 @@ class Service:
 
     def _resume(self) -> int:
         resumed = 0
-        for journaled in self.journal.unfinished():
+        unfinished = self.journal.unfinished()
+        self.journal.drop_orphan_bodies({journaled.job_id for journaled in unfinished})
+        for journaled in unfinished:
             if journaled.cancel_requested:
                 self._finish_unrun(journaled, "cancelled", "cancelled by the client")
                 continue
@@ -233,7 +276,7 @@ class Service:
             attempt = self.journal.begin_attempt(journaled.job_id)
             with self._lock:
                 self._submit(journaled.job_id, graph, job_input, journaled.accepted_at,
-                             attempt, {})
+                             attempt)
             resumed += 1
             self.metrics.jobs_resumed.inc()
         if resumed:
@@ -244,7 +287,7 @@ class Service:
         result = {"id": journaled.job_id, "graph": journaled.graph, "state": state,
                   "reason": reason, "attempts": journaled.attempts,
                   "accepted_at": journaled.accepted_at, "networks": {}}
-        self._writes.put(lambda: self._write_final(journaled.job_id, state, result, None))
+        self._writes.put(_FinalWrite(self, journaled.job_id, state, result, {}))
 
     def stop_accepting(self) -> None:
         self._accepting = False
@@ -272,10 +315,18 @@ class Service:
         self.backend.wake()
         if self._loop_thread.is_alive():
             self._loop_thread.join()
+        close_policy(self.state.policy)
         self.backend.close()
         self._writes.put(None)
         if self._writer_thread.is_alive():
             self._writer_thread.join()
+        while True:  # queued after the writer stopped: refused, never waited on forever
+            try:
+                item = self._writes.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item.done(RuntimeError("the daemon stopped"))
         self.journal.close()
 
     def _loop(self) -> None:
@@ -295,8 +346,13 @@ class Service:
     def accepting(self) -> bool:
         return self._accepting
 
-    def accept(self, graph_name: str, body: bytes, content_type: str) -> int:
-        """Decode, check, journal and submit one job; its id. ServeError when refused."""
+    def begin_accept(self, graph_name: str, body: bytes, content_type: str, *,
+                     on_loop: bool = False) -> tuple[int, Future[None]] | None:
+        """Decode, check, queue the job's journal record and submit the job: its id and
+        the record's commit, not waited for. ServeError when refused. With `on_loop`
+        (the event loop calls it) None, doing nothing, unless the body is a tensor the
+        job's networks take as it is (decoding it is a view, checking it a comparison)
+        and no other request is being decoded: the caller then uses a worker thread."""
         if not self._accepting:
             raise ServeError(503, "the daemon is shutting down", "shutting_down")
         graph = self.config.graphs.get(graph_name)
@@ -306,43 +362,88 @@ class Service:
         if len(body) > self.config.limits["max_body_bytes"]:
             raise ServeError(413, f"body of {len(body)} bytes, more than the limit of "
                              f"{self.config.limits['max_body_bytes']}", "too_large")
-        try:
-            job_input = decode_body(body, content_type, self.limits)
-            feeds = self._entry_feeds(graph, job_input)
-        except TooLarge as error:
-            raise ServeError(413, str(error), "too_large") from None
-        except (BadInput, ValueError) as error:
-            raise ServeError(400, one_line(error), "bad_input") from None
+        job_input = self._decode(graph, body, content_type, on_loop)
+        if job_input is None:
+            return None
+        committed: Future[None] = Future()
         with self._lock:
             limit = self.config.limits["max_queued_jobs"]
             if len(self._jobs) >= limit:
                 raise ServeError(429, f"{len(self._jobs)} jobs are waiting or running (the "
                                  f"limit is {limit}): retry later", "queue_full",
                                  self.config.limits["retry_after_s"])
-            job_id = self.journal.accept(graph.name, content_type, body)
-            self._submit(job_id, graph, job_input, self.clock(), 1, feeds)
-        self.metrics.jobs_accepted.labels(graph.name).inc()
+            job_id = self.journal.allocate_id()
+            accepted_at = self.clock()
+            # Queued before the job is submitted: its row is written before its end.
+            self._writes.put(_AcceptWrite(
+                NewJob(job_id, graph.name, content_type, body, accepted_at), committed))
+            self._submit(job_id, graph, job_input, accepted_at, 1, committed)
+        return job_id, committed
+
+    def end_accept(self, job_id: int, graph_name: str, error: BaseException | None) -> int:
+        """After the record's commit (`error`: why it failed): the job id for the 202, or
+        ServeError 503 and the job cancelled, unjournaled (the disk)."""
+        if error is not None:
+            self._cancel(job_id)
+            raise ServeError(503, f"cannot journal the job: {one_line(error)}", "journal")
+        self.metrics.jobs_accepted.labels(graph_name).inc()
         return job_id
 
-    def _entry_feeds(self, graph: GraphSpec, job_input: JobInput) -> dict[str, dict]:
-        """The inputs of the networks fed by the job input, made now: a bad input is a 400
-        before the job is accepted, not a failed network later."""
-        feeds = {}
+    def _decode(self, graph: GraphSpec, body: bytes, content_type: str,
+                on_loop: bool) -> JobInput | None:
+        """The body decoded and checked for the graph (one request at a time); None when
+        `on_loop` and it is not a tensor of the entry networks' input (see begin_accept)."""
+        if on_loop:
+            if not _is_npy(body, content_type) or not self._decoding.acquire(blocking=False):
+                return None
+        else:
+            self._decoding.acquire()
+        try:
+            job_input = decode_body(body, content_type, self.limits)
+            if on_loop and not self._takes_as_is(graph, job_input):
+                return None
+            self._check_entry_inputs(graph, job_input)
+        except TooLarge as error:
+            raise ServeError(413, str(error), "too_large") from None
+        except (BadInput, ValueError) as error:
+            raise ServeError(400, one_line(error), "bad_input") from None
+        finally:
+            self._decoding.release()
+        return job_input
+
+    def _takes_as_is(self, graph: GraphSpec, job_input: JobInput) -> bool:
+        """Whether every network fed by the job input takes its one array unchanged (the
+        same shape and dtype, no preprocess): making its inputs copies and resizes nothing."""
+        (array,) = job_input.arrays.values()
+        for node in graph.workload.nodes:
+            if node.transform is not None:
+                continue
+            if node.name in graph.preprocess:
+                return False
+            for tensor in self.config.manifests[node.name].inputs:
+                if tuple(tensor.shape) != array.shape or np.dtype(tensor.dtype) != array.dtype:
+                    return False
+        return True
+
+    def _check_entry_inputs(self, graph: GraphSpec, job_input: JobInput) -> None:
+        """Make the inputs of the networks fed by the job input, one at a time, and drop
+        them: a bad input is a 400 before the job is accepted, not a failed network
+        later. They are made again when each network starts: a queued job holds only
+        its decoded input, not tensors the ledger does not see (the budget holds)."""
         for node in graph.workload.nodes:
             if node.transform is None:
                 try:
-                    feeds[node.name] = network_feeds(graph, self.config.manifests[node.name],
-                                                     job_input, {})
+                    network_feeds(graph, self.config.manifests[node.name], job_input, {})
                 except ValueError as error:
                     raise BadInput(f"network {node.name!r}: {one_line(error)}") from None
-        return feeds
 
     def _submit(self, job_id: int, graph: GraphSpec, job_input: JobInput, accepted_at: float,
-                attempt: int, feeds: dict[str, dict]) -> None:
-        """Hand a journaled job to the scheduler (self._lock held)."""
+                attempt: int, committed: Future[None] | None = None) -> None:
+        """Hand a job to the scheduler (self._lock held); `committed`: its row's commit,
+        when it is being journaled."""
         now_us = self.backend.now_us()
         job = _ActiveJob(job_id, graph, job_input, accepted_at, attempt, submitted_us=now_us,
-                         feeds=feeds,
+                         committed=committed,
                          networks={name: _NetworkProgress() for name in graph.networks})
         self._jobs[job_id] = job
         self.metrics.queue_jobs.set(len(self._jobs))
@@ -351,24 +452,30 @@ class Service:
                      if self.config.context == "preempt" else None)
         task_graph: TaskGraph = build_job_graph(spec, self.config.manifests,
                                                 self.config.network_order, upstreams=upstreams)
-        task_graph = _with_transform_waits(task_graph, [spec], graph.workload,
+        task_graph = with_transform_waits(task_graph, [spec], graph.workload,
                                            self.config.manifests)
         self.driver.submit(task_graph)
 
     def cancel(self, job_id: int) -> str:
         """Cancel a job: 'cancelling', or its final state when it had already ended.
         ServeError 404 for an unknown job."""
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None and not job.ending:
-                job.cancel_requested = True
-                self.journal.request_cancel(job_id)
-                self.driver.call_soon(lambda: self._cancel_in_loop(job_id))
-                return "cancelling"
+        if self._cancel(job_id):
+            self.journal.request_cancel(job_id)
+            return "cancelling"
         journaled = self.journal.get(job_id)
         if journaled is None:
             raise ServeError(404, f"no job {job_id}", "not_found")
         return journaled.state
+
+    def _cancel(self, job_id: int) -> bool:
+        """Ask the loop to cancel a job's networks; False when the job is not running."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.ending:
+                return False
+            job.cancel_requested = True
+            self.driver.call_soon(lambda: self._cancel_in_loop(job_id))
+            return True
 
     def _cancel_in_loop(self, job_id: int) -> None:
         for network in self._jobs[job_id].graph.networks:
@@ -403,6 +510,26 @@ class Service:
                                     "load_ms": progress.load_us / 1000,
                                     "exec_ms": progress.exec_us / 1000}
                              for name, progress in job.networks.items()}}
+
+    def cached_view(self, job_id: int) -> tuple[str, bytes] | None:
+        """A running or recently ended job's state and JSON document, from memory (cheap
+        enough for the event loop); None when the journal must be read (`job_view`)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                document = self._live_document(job)
+                return document["state"], json.dumps(document).encode()
+            return self._recent.get(job_id)
+
+    def job_view(self, job_id: int) -> tuple[str, bytes] | None:
+        """The job's state and JSON document; None for an unknown job."""
+        view = self.cached_view(job_id)
+        if view is not None:
+            return view
+        document = self.job_document(job_id)
+        if document is None:
+            return None
+        return document["state"], json.dumps(document).encode()
 
     def outputs_npz(self, job_id: int) -> bytes | None:
         return self.journal.outputs(job_id)
@@ -439,9 +566,6 @@ class Service:
                     upstream_outputs: Mapping[str, Mapping[str, np.ndarray]]
                     ) -> dict[str, np.ndarray]:
         job = self._jobs[job_id]
-        feeds = job.feeds.pop(network, None)
-        if feeds is not None:
-            return feeds
         return network_feeds(job.graph, self.config.manifests[network], job.job_input,
                              upstream_outputs)
 
@@ -454,9 +578,9 @@ class Service:
         with self._lock:
             job = self._jobs[job_id]
             job.ending = True
-        networks, outputs = {}, {}
+        networks: dict[str, dict[str, Any]] = {}
+        outputs: dict[str, dict[str, np.ndarray]] = {}  # encoded by the journal writer
         failed = False
-        inline_limit = self.config.limits["inline_output_elements"]
         for name in job.graph.networks:
             group = group_id(job_id, name)
             info = self.state.groups.get(group)
@@ -479,9 +603,7 @@ class Service:
             if error is not None:
                 record["error"] = error
             if status == "done":
-                record["outputs"] = {key: _tensor_json(value, inline_limit)
-                                     for key, value in tensors.items()}
-                outputs.update({f"{name}/{key}": value for key, value in tensors.items()})
+                outputs[name] = tensors
             networks[name] = record
             self.metrics.networks_finished.labels(name, status).inc()
             if progress.ended_us is not None:
@@ -493,42 +615,95 @@ class Service:
                   "started_at": job.started_at, "ended_at": ended_at,
                   "response_ms": round((ended_at - job.accepted_at) * 1000, 3),
                   "networks": networks}
-        npz = _npz(outputs) if outputs else None
-        self._writes.put(lambda: self._write_final(job_id, state, result, npz))
+        final = _FinalWrite(self, job_id, state, result, outputs)
+        committed = job.committed
+        if self.journal.durable or (committed is not None and not (
+                committed.done() and committed.exception() is None)):
+            self._writes.put(final)  # an fsync, or after the row: the writer, in order
+        else:
+            # A commit without fsync (~0.4 ms) costs less here than handing the result
+            # to the writer's thread and waiting for it to be scheduled.
+            self._write_batch([final])
 
     def _writer(self) -> None:
-        """Journal each ended job's result, then publish it; prune old results."""
+        """Journal the queued records in batches, in order, then act on each; prune.
+
+        A batch of nothing but job starts waits (up to _STARTED_DELAY_S) to share the
+        next batch's commit: a start is informative (queued and running jobs both
+        resume), not worth an fsync of its own under `synchronous=FULL`."""
         next_prune = time.monotonic() + _PRUNE_INTERVAL_S
+        held: list[_Pending] = []  # starts waiting for a commit to share
         while True:
+            wait_s = max(0.0, next_prune - time.monotonic())
             try:
-                item = self._writes.get(timeout=max(0.0, next_prune - time.monotonic()))
+                item = self._writes.get(timeout=min(wait_s, _STARTED_DELAY_S) if held
+                                        else wait_s)
             except queue.Empty:
-                self.journal.prune(self.config.retention_s)
-                next_prune = time.monotonic() + _PRUNE_INTERVAL_S
+                if held:
+                    self._write_batch(held)
+                    held = []
+                if time.monotonic() >= next_prune:
+                    self._prune()
+                    next_prune = time.monotonic() + _PRUNE_INTERVAL_S
                 continue
-            if item is None:
+            batch = [item]
+            while batch[-1] is not None and len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            items = held + [pending for pending in batch if pending is not None]
+            held = []
+            if batch[-1] is not None and all(isinstance(i, _StartedWrite) for i in items):
+                held = items
+            elif items:
+                self._write_batch(items)
+            if batch[-1] is None:
                 return
-            item()
 
-    def _write_final(self, job_id: int, state: str, result: dict[str, Any],
-                     outputs: bytes | None) -> None:
+    def _prune(self) -> None:
         try:
-            written = self.journal.finish(job_id, state, result, outputs)
-        except Exception:  # the disk: the job stays unfinished and runs again at start
-            log.exception("cannot journal the result of job %d", job_id)
-            written = False
-        self._published(job_id, state, result, written)
+            self.journal.prune(self.config.retention_s)
+        except Exception:  # the disk: old results stay until the next prune
+            log.exception("cannot prune the journal")
 
-    def _write_running(self, job_id: int, started_at: float) -> None:
+    def _write_batch(self, items: Sequence[_Pending]) -> None:
+        """One transaction for the batch; when it fails, each record alone, so one bad
+        record does not refuse the others."""
+        ready: list[tuple[_Pending, Write]] = []
+        for item in items:
+            try:
+                ready.append((item, item.record()))
+            except Exception as error:  # a result that cannot be encoded: that job's
+                log.exception("cannot encode a journal record")
+                item.done(error)
+        records = [record for _, record in ready]
+        outcomes: list[bool | Exception]
         try:
-            self.journal.mark_running(job_id, started_at)
-        except Exception:  # informative only: queued and running jobs both resume
-            log.exception("cannot journal that job %d started", job_id)
+            outcomes = list(self.journal.write(records))
+        except Exception as error:
+            outcomes = [error] if len(records) == 1 else [
+                self._write_alone(record) for record in records]
+        for (item, _), outcome in zip(ready, outcomes, strict=True):
+            item.done(outcome)
+
+    def _write_alone(self, record: Write) -> bool | Exception:
+        try:
+            return self.journal.write([record])[0]
+        except Exception as error:
+            return error
 
     def _published(self, job_id: int, state: str, result: Mapping[str, Any],
-                   written: bool) -> None:
+                   encoded: bytes | None) -> None:
+        """A final record was written (`encoded`, the result's JSON) or could not be
+        (None: the job stays unfinished in the journal and runs again at start)."""
+        written = encoded is not None
         with self._idle:
             job = self._jobs.pop(job_id, None)
+            if written:
+                self._recent[job_id] = (state, encoded)
+                while len(self._recent) > _RECENT_RESULTS:
+                    self._recent.popitem(last=False)
             self.metrics.queue_jobs.set(len(self._jobs))
             if not self._jobs:
                 self._idle.notify_all()
@@ -539,6 +714,78 @@ class Service:
                     result["response_ms"] / 1000)
         for listener in self.on_final:
             listener(job_id)
+
+
+def _is_npy(body: bytes, content_type: str) -> bool:
+    try:
+        return sniff_kind(body, content_type) == "npy"
+    except BadInput:  # refused with its reason by the full decoding
+        return False
+
+
+class _Pending(Protocol):
+    """A journal record queued for the writer, and what follows its commit."""
+
+    def record(self) -> Write: ...
+    def done(self, outcome: bool | Exception) -> None: ...
+
+
+@dataclass
+class _AcceptWrite:
+    new_job: NewJob
+    committed: Future[None]  # the accepting thread waits on it before the 202
+
+    def record(self) -> Write:
+        return self.new_job
+
+    def done(self, outcome: bool | Exception) -> None:
+        if isinstance(outcome, Exception):
+            self.committed.set_exception(outcome)
+        else:
+            self.committed.set_result(None)
+
+
+@dataclass
+class _StartedWrite:
+    started: Started
+
+    def record(self) -> Write:
+        return self.started
+
+    def done(self, outcome: bool | Exception) -> None:
+        if isinstance(outcome, Exception):  # informative only: queued and running jobs resume
+            log.error("cannot journal that job %d started: %s", self.started.job_id,
+                      one_line(outcome))
+
+
+@dataclass
+class _FinalWrite:
+    """An ended job: its outputs are encoded here, on the writer's thread, not the loop's."""
+
+    service: Service
+    job_id: int
+    state: str
+    result: dict[str, Any]
+    outputs: dict[str, dict[str, np.ndarray]]  # network -> its output tensors
+    encoded: bytes = b""
+
+    def record(self) -> Write:
+        inline_limit = self.service.config.limits["inline_output_elements"]
+        arrays = {}
+        for network, tensors in self.outputs.items():
+            self.result["networks"][network]["outputs"] = {
+                key: _tensor_json(value, inline_limit) for key, value in tensors.items()}
+            arrays.update({f"{network}/{key}": value for key, value in tensors.items()})
+        text = json.dumps(self.result)
+        self.encoded = text.encode()
+        return Final(self.job_id, self.state, text, _npz(arrays) if arrays else None)
+
+    def done(self, outcome: bool | Exception) -> None:
+        if isinstance(outcome, Exception):  # the disk: the job runs again at start
+            log.error("cannot journal the result of job %d: %s", self.job_id,
+                      one_line(outcome))
+        self.service._published(self.job_id, self.state, self.result,
+                                self.encoded if outcome is True else None)
 
 
 def _tensor_json(value: np.ndarray, inline_limit: int) -> dict[str, Any]:
@@ -578,10 +825,9 @@ class _JobObserver(Observer):
             progress.state = "running"
         if job.started_at is None:
             job.started_at = self.service.clock()
-            started_at, job_id = job.started_at, job.job_id
-            self.service._writes.put(lambda: self.service._write_running(job_id, started_at))
+            self.service._writes.put(_StartedWrite(Started(job.job_id, job.started_at)))
             for listener in self.service.on_started:
-                listener(job_id)
+                listener(job.job_id)
 
     def ended(self, record: ScheduledTask) -> None:
         found = self._progress(record.task_id)
