@@ -9,7 +9,8 @@ would, each in its own process:
 - `masa infer` at the tightest budget the command accepts (the size its own
   refusal of a 1 KiB budget names), on seeded random input of the model's
   declared shapes;
-- one ONNX Runtime run of the whole model file on the same input,
+- one ONNX Runtime run of the whole model file on the same input
+  (model_prep.verify.run_whole_model, as `masa verify` runs it),
 and reports the stages, the prepare time, the budget and the largest
 difference between the staged and the whole outputs (relative to the
 largest output magnitude; `masa verify`'s bound is 1e-5).
@@ -39,6 +40,7 @@ import onnxruntime as ort
 
 from masa.common.atomic import atomic_write_text
 from model_prep.manifest import load_manifest
+from model_prep.verify import run_whole_model
 
 REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-5
@@ -91,25 +93,6 @@ def _feeds(store: Path, name: str, args: tuple[str, ...]) -> dict[str, np.ndarra
     return feeds
 
 
-def _whole_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model file itself, its input dims set to the feeds' and inner shapes left to ORT."""
-    model = onnx.load(str(path))
-    for value in model.graph.input:
-        if value.name in feeds:
-            for dim, size in zip(value.type.tensor_type.shape.dim, feeds[value.name].shape,
-                                 strict=True):
-                dim.dim_value = size
-    del model.graph.value_info[:]
-    for value in model.graph.output:
-        value.type.tensor_type.ClearField("shape")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
 def measure(store: Path, name: str, path: Path, args: tuple[str, ...]) -> dict[str, object]:
     """One model: prepare, infer at the tightest budget, compare. A row of the table."""
     row: dict[str, object] = {"model": name, "file": path.name}
@@ -135,7 +118,7 @@ def measure(store: Path, name: str, path: Path, args: tuple[str, ...]) -> dict[s
             return {**row, "result": f"infer failed: {ran.stderr.strip()[-200:]}"}
         with np.load(Path(scratch) / "y.npz") as staged:
             got = dict(staged)
-    whole = _whole_model(path, feeds)
+    whole = run_whole_model(path, load_manifest(store / name), feeds, quiet=True)
     difference = max(float(np.max(np.abs(got[key] - value)))
                      / max(1e-12, float(np.max(np.abs(value)))) for key, value in whole.items())
     row["relative_difference"] = difference
@@ -169,10 +152,7 @@ def write_doc(rows: list[dict[str, object]]) -> Path:
         "",
         "Differences come from float rounding: the stages run the graph ONNX Runtime "
         "optimised, at level EXTENDED without prepacking, while the whole model runs at "
-        "level ALL, so kernels differ and rounding adds up over many stages. The input is "
-        "uniform [0, 1), not what each model is made for: CenterFace expects 0-255 pixels, "
-        "and on those tests/test_wheel_models.py measures a largest absolute difference "
-        "of 3e-6 on outputs up to 1.0.",
+        "level ALL, so kernels differ and rounding adds up over many stages.",
     ]
     path = REPO / "docs" / "real-models.md"
     atomic_write_text(path, "\n".join(lines) + "\n")

@@ -37,12 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from PIL import Image, ImageDraw
 
 from model_prep.manifest import NetworkManifest, load_manifest
+from model_prep.verify import run_whole_model
 
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.profile]
 
@@ -154,27 +153,6 @@ def _masa(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def _whole_model(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One ONNX Runtime run of the model file itself, its declared input dims set to the
-    feeds' (CenterFace declares 10x3x32x32) and its inner shapes left to ONNX Runtime."""
-    model = onnx.load(str(path))
-    for value in model.graph.input:
-        if value.name in feeds:
-            for dim, size in zip(value.type.tensor_type.shape.dim, feeds[value.name].shape,
-                                 strict=True):
-                dim.dim_value = size
-    if any(value.name in feeds for value in model.graph.input):
-        del model.graph.value_info[:]
-        for value in model.graph.output:
-            value.type.tensor_type.ClearField("shape")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ddddocr declares its output [1, seqlen]: a warning a run
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
 def _computed_reshape_crosses_a_cut(manifest: NetworkManifest) -> bool:
     """A stage with a Reshape reads an int64 vector another stage computed (its target)."""
     produced = {t.name for stage in manifest.stages for t in stage.outputs}
@@ -213,7 +191,7 @@ def test_prepare_profile_and_infer_match_the_whole_model(tmp_path: Path,
     assert budget is not None, refused.stderr
     ran = _masa(*infer, "--memory", budget.group(1))
     assert ran.returncode == 0, ran.stderr
-    whole = _whole_model(path, feeds)
+    whole = run_whole_model(path, manifest, feeds, quiet=True)
     with np.load(tmp_path / "y.npz") as staged:
         diffs = {}
         for name, expected in whole.items():
