@@ -5,27 +5,34 @@ this module turns the command's options into the child's spec, the child's
 outcome (or its kill) into a report, and prints it. The parent prepares the
 run first (start-up checks, one-line errors for bad input) and pins each
 network's version, so every policy of a comparison runs the same versions.
+
+With `--simulate` the same device is simulated instead (masa.runtime.virtual's
+DeviceModel: storage bandwidth, page cache, predicted kills); the report has
+the same shape, its `emulation` block marked `simulated`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from masa.common.errors import EXIT_USAGE, RunFailed, UserError
-from masa.report.report import emulated_report
-from masa.runtime.device import Device, load_device
-from masa.runtime.emulation import EmulationPlan, check_emulation, run_emulated
-from masa.runtime.runner import PreparedRun, prepare_run
+from masa.report.report import emulated_report, outcome_report
+from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
+from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
+from masa.runtime.registry import make_policy
+from masa.runtime.runner import PreparedRun, RunOutcome, RunSettings, prepare_run
+from masa.runtime.virtual import DeviceModel, SimulationResult, StageStorage, simulate_graph
+from model_prep.manifest import NetworkManifest
 
 
 def device_plan(args: argparse.Namespace) -> tuple[Device, EmulationPlan]:
     """The device of `--device` and what emulating it needs here (or a UserError)."""
-    if getattr(args, "simulate", False):
-        raise UserError("--device emulates a device for a real run; the simulator does not "
-                        "model devices yet: leave out --simulate or --device")
     device = load_device(args.device)
+    if getattr(args, "simulate", False):  # no cgroups: the simulator models the device
+        return device, EmulationPlan(device, CgroupLayout(0, {}), None, None)
     return device, check_emulation(device, args.store)
 
 
@@ -47,6 +54,13 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                            prepared: PreparedRun) -> dict[str, Any]:
     """One policy's run on the device, as a report (status finished / killed)."""
     meta = {"workload": str(args.workload), "device": plan.device.name}
+    if getattr(args, "simulate", False):
+        settings = RunSettings(policy=policy, workers=args.workers,
+                               memory_budget_bytes=args.memory or plan.device.default_budget_bytes(
+                                   RUNTIME_BASE_BYTES),
+                               memory_source=getattr(args, "memory_source", "measured"))
+        return simulated_device_report(prepared, settings, device_model(
+            prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta)
     run = run_emulated(plan, _spec(args, policy, prepared, meta))
     if run.status == "failed" and run.error_code is not None:
         error = UserError if run.error_code == EXIT_USAGE else RunFailed
@@ -57,7 +71,102 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                            jobs=len(prepared.jobs), meta=meta)
 
 
+def measure_runtime_base(plan: EmulationPlan, args: argparse.Namespace,
+                         prepared: PreparedRun) -> int:
+    """The runtime's own memory for this workload (Python, ONNX Runtime, masa, the
+    manifests and task graph), measured by a child in the plan's groups that stops
+    before the first job; what a device's cap must hold besides the budget."""
+    meta = {"workload": str(args.workload), "device": plan.device.name}
+    spec = {**_spec(args, "masa", prepared, meta), "measure_only": True}
+    run = run_emulated(plan, spec)
+    if run.runtime_base_bytes is None:
+        raise RunFailed(f"could not measure the runtime's base on device "
+                        f"{plan.device.name}: {run.reason or run.status}")
+    return run.runtime_base_bytes
+
+
 def prepare_for_device(args: argparse.Namespace) -> tuple[EmulationPlan, PreparedRun]:
     _, plan = device_plan(args)
     prepared = prepare_run(args.workload, args.store, args.context, job_limit=args.jobs)
     return plan, prepared
+
+
+# ------------------------------------------------------------ simulated devices
+
+
+def stage_storage(manifests: Mapping[str, NetworkManifest]) -> dict[tuple[str, str],
+                                                                     StageStorage]:
+    """Each stage's files on disk (what a cold LOAD reads) and its mapped weight bytes
+    (zero-copy stages without prepacking: their pages stay in the page cache)."""
+    storage = {}
+    for name, manifest in manifests.items():
+        for stage in manifest.stages:
+            paths = (manifest.stage_path(stage), manifest.directory / stage.data_file)
+            file_bytes = sum(path.stat().st_size for path in paths if path.is_file())
+            mapped = 0 if stage.prepack else stage.mapped_bytes
+            storage[(name, stage.stage_id)] = StageStorage(file_bytes, mapped)
+    return storage
+
+
+def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
+                 runtime_base_bytes: int, cpu_factor: float = 1.0) -> DeviceModel:
+    return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
+                       runtime_base_bytes=runtime_base_bytes,
+                       read_bytes_per_s=device.read_bytes_per_s,
+                       stages=stage_storage(manifests), cold_cache=device.cold_cache,
+                       cpu_factor=cpu_factor)
+
+
+def simulate_on_device(prepared: PreparedRun, settings: RunSettings,
+                       model: DeviceModel) -> tuple[RunOutcome, SimulationResult]:
+    """The workload simulated on the device (context-oblivious: a simulated condition
+    needs runner's controller, which takes no device)."""
+    if prepared.context != "oblivious":
+        raise UserError("--simulate with --device: only --context oblivious is modelled")
+    settings.check()
+    result = simulate_graph(prepared.graph, policy=make_policy(settings.policy),
+                            workers=settings.workers,
+                            memory_budget_bytes=settings.memory_budget_bytes, device=model)
+    outcome = RunOutcome(
+        simulated=True, settings=settings, context=prepared.context, graph=prepared.graph,
+        jobs=prepared.jobs, schedule=list(result.schedule),
+        network_status=dict(result.group_status), network_reason=dict(result.group_reason),
+        over_commits=list(result.over_commits), peak_reserved_bytes=result.peak_reserved_bytes,
+        final_reserved_bytes=result.final_reserved_bytes,
+        memory_timeline=[(t, reserved, None) for t, reserved in result.memory_timeline],
+        dispatch_order=list(result.dispatch_order),
+        network_versions=prepared.network_versions)
+    return outcome, result
+
+
+def simulated_device_report(prepared: PreparedRun, settings: RunSettings, model: DeviceModel,
+                            device: Device, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A simulated run on the device as a report shaped like an emulated run's: killed
+    (predicted, with the time and the jobs finished before) or finished."""
+    outcome, result = simulate_on_device(prepared, settings, model)
+    predicted = result.device
+    assert predicted is not None
+    killed_us = predicted.killed_at_us
+    emulation = {
+        "device": device.as_dict(), "simulated": True,
+        "status": "finished" if killed_us is None else "killed",
+        "reason": None if killed_us is None else (
+            "predicted out of memory: the runtime's base and the anonymous memory held "
+            "exceed the cap"),
+        "returncode": None, "error_code": None,
+        "run_time_s": round((result.makespan_us if killed_us is None else killed_us) / 1e6, 3),
+        "jobs_finished": [list(item) for item in predicted.jobs_finished_before_kill],
+        "memory_budget_bytes": settings.memory_budget_bytes,
+        "runtime_base_bytes": model.runtime_base_bytes, "evicted_bytes": 0,
+        "oom_kills": 0 if killed_us is None else 1,
+        "peak_cgroup_bytes": min(model.memory_cap_bytes, predicted.peak_anonymous_bytes
+                                 + predicted.peak_page_cache_bytes),
+        "peak_anonymous_bytes": predicted.peak_anonymous_bytes,
+        "peak_page_cache_bytes": predicted.peak_page_cache_bytes, "peak_swap_bytes": 0,
+        "major_faults": 0, "bytes_read": predicted.bytes_read,
+        "thrash_bytes": predicted.thrash_bytes, "load_hits": predicted.load_hits,
+        "load_misses": predicted.load_misses, "cgroups": [],
+    }
+    report = outcome_report(outcome, meta) if killed_us is None else None
+    return emulated_report(emulation, report, policy=settings.policy,
+                           workers=settings.workers, jobs=len(prepared.jobs), meta=meta)

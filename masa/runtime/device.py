@@ -30,6 +30,10 @@ from masa.common.errors import ErrorCollector, UserError
 from masa.common.units import parse_memory_bytes
 
 PRESET_DIR = Path(__file__).with_name("devices")
+# The runtime's own memory (Python, ONNX Runtime, masa, manifests, task graph) as
+# measured by emulated runs here (32-36 MiB, docs/device-emulation.md): what the
+# simulator assumes when it cannot measure it.
+RUNTIME_BASE_BYTES = 34 * 2**20
 _FIELDS = ("name", "description", "memory", "reserved", "storage", "swap", "cores",
            "cold_cache")
 

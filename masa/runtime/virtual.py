@@ -6,14 +6,28 @@ clock to the next completion or release. Nothing here reads a clock or draws
 a random number, so a run is a pure function of its inputs. The event loop
 itself (arrivals, the core's side effects, context hooks, over-commits) is
 masa.runtime.driver's, shared with the real executor.
+
+With a `DeviceModel` (issue 12) the clock also knows a small device's storage
+and memory (`DeviceBackend`): a LOAD takes its profiled (warm) time (times the
+device's CPU factor, as does an EXEC) plus the
+bytes of its stage files that are not in the simulated page cache divided by
+the storage's read bandwidth, after the reads queued before it (one storage,
+first come first served); the page cache is an LRU of stage files whose
+room is the memory cap less the runtime's base and the anonymous memory held
+(the ledger's reservations less the loaded stages' mapped weight pages, which
+stay pinned in the cache while loaded); mapped pages that do not fit are read
+again by their EXEC (a thrash); and the run is predicted killed at the first
+moment the runtime's base plus the anonymous memory exceeds the cap, with the
+jobs that finished before it.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from masa.runtime.driver import Completion, Driver, GroupEndHook, Recorder
@@ -27,7 +41,7 @@ from masa.sched.core import (
 )
 from masa.sched.core import unfinished_task_ids as _unfinished
 from masa.sched.policies import MasaPolicy
-from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph
+from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 
 
 class VirtualBackend:
@@ -90,6 +104,176 @@ class VirtualBackend:
         return {}
 
 
+
+# ------------------------------------------------------------------ a device
+
+
+@dataclass(frozen=True)
+class StageStorage:
+    """What a stage costs the device's storage and page cache."""
+
+    file_bytes: int  # its files (graph and weights), read by a cold LOAD
+    mapped_bytes: int = 0  # of its resident bytes, file-backed weight pages (zero-copy)
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """A small device as the simulator sees it (masa.runtime.device, plus measured figures)."""
+
+    memory_cap_bytes: int
+    runtime_base_bytes: int  # the process's own memory before any job
+    read_bytes_per_s: int | None  # None: storage costs nothing
+    stages: Mapping[tuple[str, str], StageStorage]  # (network, stage id) -> storage
+    cold_cache: bool = True
+    # The device's CPU time per profiled CPU time (a slower core, or a machine shared
+    # with other work): scales EXECs and the LOADs' parse/setup time.
+    cpu_factor: float = 1.0
+
+    def read_us(self, read_bytes: int) -> int:
+        if not self.read_bytes_per_s or read_bytes <= 0:
+            return 0
+        return -(-read_bytes * 1_000_000 // self.read_bytes_per_s)
+
+
+@dataclass
+class DeviceOutcome:
+    """What the device did in a simulated run (bytes; times in virtual microseconds)."""
+
+    killed_at_us: int | None = None  # the predicted out-of-memory kill
+    jobs_finished_before_kill: list[tuple[int, int]] = field(default_factory=list)
+    bytes_read: int = 0  # from storage: LOAD misses and EXEC re-reads
+    thrash_bytes: int = 0  # of which mapped pages read again by an EXEC
+    load_hits: int = 0  # LOADs whose files were all in the page cache
+    load_misses: int = 0
+    peak_anonymous_bytes: int = 0  # base + anonymous reservations
+    peak_page_cache_bytes: int = 0
+
+
+class _PageCache:
+    """An LRU of stage files; loaded zero-copy stages are pinned (their pages are mapped)."""
+
+    def __init__(self) -> None:
+        self.files: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.pins: dict[tuple[str, str], int] = {}
+        self.cached_bytes = 0
+
+    def missing_bytes(self, key: tuple[str, str], size: int) -> int:
+        return 0 if key in self.files else size
+
+    def touch(self, key: tuple[str, str], size: int) -> None:
+        if key in self.files:
+            self.files.move_to_end(key)
+            return
+        self.files[key] = size
+        self.cached_bytes += size
+
+    def shrink_to(self, room_bytes: int) -> None:
+        """Evict unpinned files, least recently used first, until they fit `room_bytes`."""
+        for key in list(self.files):
+            if self.cached_bytes <= room_bytes:
+                return
+            if self.pins.get(key):
+                continue
+            self.cached_bytes -= self.files.pop(key)
+
+
+class DeviceBackend(VirtualBackend):
+    """The virtual clock on a `DeviceModel`: LOADs wait for storage, memory may kill."""
+
+    def __init__(self, device: DeviceModel, failing_task_ids: Iterable[str] = ()) -> None:
+        super().__init__(failing_task_ids)
+        self.device = device
+        self.outcome = DeviceOutcome()
+        self.cache = _PageCache()
+        self.mapped_loaded_bytes = 0
+        self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
+        self._state: SchedulerState | None = None
+        if not device.cold_cache:
+            for key, storage in device.stages.items():
+                self.cache.touch(key, storage.file_bytes)
+
+    def _storage(self, task: Task) -> tuple[tuple[str, str], StageStorage]:
+        key = (task.network, task.stage_id)
+        return key, self.device.stages.get(key, StageStorage(0))
+
+    def _anonymous_bytes(self) -> int:
+        reserved = self._state.ledger.reserved_bytes if self._state is not None else 0
+        return self.device.runtime_base_bytes + max(0, reserved - self.mapped_loaded_bytes)
+
+    def _room_bytes(self) -> int:
+        return max(0, self.device.memory_cap_bytes - self._anonymous_bytes())
+
+    def start(self, task: Task, worker: int) -> None:
+        key, storage = self._storage(task)
+        extra_us = 0
+        if task.kind is TaskKind.LOAD:
+            missing = self.cache.missing_bytes(key, storage.file_bytes)
+            if self.outcome.killed_at_us is None:  # what the run did before its kill
+                self.outcome.bytes_read += missing
+                self.outcome.load_misses += bool(missing)
+                self.outcome.load_hits += not missing
+            extra_us = self._queued_read_us(self.device.read_us(missing))
+            self.cache.touch(key, storage.file_bytes)
+            if storage.mapped_bytes:
+                self.cache.pins[key] = self.cache.pins.get(key, 0) + 1
+                self.mapped_loaded_bytes += storage.mapped_bytes
+        elif storage.mapped_bytes:
+            extra_us = self._queued_read_us(self.device.read_us(self._reread_bytes(storage)))
+        self._sequence += 1
+        self._running.add(task.task_id)
+        cpu_us = round(task.duration_us * self.device.cpu_factor)
+        heapq.heappush(self._finishes, (self.clock_us + cpu_us + extra_us,
+                                        self._sequence, task.task_id))
+
+    def _queued_read_us(self, read_us: int) -> int:
+        """The wait for the storage (one read at a time, first come first served, as
+        behind one throttle) plus the read itself."""
+        if read_us <= 0:
+            return 0
+        begin_us = max(self.clock_us, self.storage_free_us)
+        self.storage_free_us = begin_us + read_us
+        return self.storage_free_us - self.clock_us
+
+    def _reread_bytes(self, storage: StageStorage) -> int:
+        """An EXEC of a zero-copy stage reads again its share of the mapped pages
+        that the room left for the page cache cannot hold (pro rata)."""
+        pinned = self.mapped_loaded_bytes
+        excess = pinned - self._room_bytes()
+        if excess <= 0 or pinned <= 0:
+            return 0
+        reread = storage.mapped_bytes * excess // pinned
+        if self.outcome.killed_at_us is None:
+            self.outcome.bytes_read += reread
+            self.outcome.thrash_bytes += reread
+        return reread
+
+    def before_select(self, state: SchedulerState) -> None:
+        self._state = state
+
+    def measured_bytes(self) -> int | None:
+        """Called after every dispatch: the moment memory grows. Checks the cap."""
+        anonymous = self._anonymous_bytes()
+        outcome = self.outcome
+        self.cache.shrink_to(self._room_bytes())
+        outcome.peak_anonymous_bytes = max(outcome.peak_anonymous_bytes, anonymous)
+        outcome.peak_page_cache_bytes = max(outcome.peak_page_cache_bytes,
+                                            self.cache.cached_bytes)
+        if outcome.killed_at_us is None and anonymous > self.device.memory_cap_bytes:
+            outcome.killed_at_us = self.clock_us
+        return None
+
+    def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
+        key, storage = self._storage(task)
+        # A stage is unloaded when its EXEC ends, or when its LOAD failed.
+        unloads = task.kind is TaskKind.EXEC or (task.kind is TaskKind.LOAD and not ok)
+        if unloads and storage.mapped_bytes and self.cache.pins.get(key):
+            self.cache.pins[key] -= 1
+            self.mapped_loaded_bytes -= storage.mapped_bytes
+
+    def job_ended(self, job_id: int) -> None:
+        if self.outcome.killed_at_us is None:
+            self.outcome.jobs_finished_before_kill.append((job_id, self.clock_us))
+
 @dataclass(frozen=True)
 class SimulationResult:
     """One simulated run. Times in virtual microseconds from 0."""
@@ -104,6 +288,7 @@ class SimulationResult:
     group_reason: dict[str, str]
     final_reserved_bytes: int  # 0 unless tasks are stuck (a group gated forever)
     unfinished: tuple[str, ...]  # tasks that never ended (gated forever)
+    device: DeviceOutcome | None = None  # with a DeviceModel: storage, cache, the kill
 
 
 def simulate_graph(
@@ -116,6 +301,7 @@ def simulate_graph(
     gated_groups: Iterable[str] = (),
     failing_task_ids: Iterable[str] = (),
     driver_options: Mapping[str, Any] | None = None,
+    device: DeviceModel | None = None,
 ) -> SimulationResult:
     """Run `graph` under a fresh `policy` object (default masa) on `workers` virtual
     workers; deterministic.
@@ -123,12 +309,15 @@ def simulate_graph(
     gated_groups: groups whose tasks wait until a hook opens them (CA-wait).
     failing_task_ids: tasks that fail when they end (fault injection for tests).
     driver_options: further Driver arguments (e.g. a context controller).
+    device: simulate on this device (DeviceBackend): storage, page cache, kills.
     """
     state = new_state(workers, memory_budget_bytes, policy or MasaPolicy())
     for group in gated_groups:
         gate_group(state, group)
     recorder = Recorder()
-    driver = Driver(state, VirtualBackend(failing_task_ids), on_group_end=on_group_end,
+    backend = (VirtualBackend(failing_task_ids) if device is None
+               else DeviceBackend(device, failing_task_ids))
+    driver = Driver(state, backend, on_group_end=on_group_end,
                     observers=[recorder], **dict(driver_options or {}))
     # The run allocates hundreds of thousands of long-lived, acyclic objects
     # (task records, heap entries); the cyclic collector would rescan them
@@ -154,4 +343,5 @@ def simulate_graph(
         group_reason={name: info.reason for name, info in state.groups.items() if info.reason},
         final_reserved_bytes=state.ledger.reserved_bytes,
         unfinished=tuple(_unfinished(state)),
+        device=backend.outcome if isinstance(backend, DeviceBackend) else None,
     )

@@ -1,0 +1,146 @@
+"""The simulator on a device (issue 12, part 4): storage, page cache, predicted kills.
+
+Pure: hand-made task graphs (tests/sched_graphs.py) on the virtual clock with a
+DeviceModel; durations are virtual microseconds, so exact figures are asserted.
+"""
+
+from __future__ import annotations
+
+from sched_graphs import chain_network, merge
+
+from masa.runtime.registry import make_policy
+from masa.runtime.virtual import DeviceModel, StageStorage, simulate_graph
+from masa.sched.taskgraph import TaskGraph
+
+BASE = 1_000
+MB = 1_000_000
+
+
+def _device(cap_bytes: int, stages: dict, read: int | None = MB) -> DeviceModel:
+    return DeviceModel(memory_cap_bytes=cap_bytes, runtime_base_bytes=BASE,
+                       read_bytes_per_s=read, stages=stages)
+
+
+def _durations(result, kind: str) -> list[int]:
+    return [e.end_us - e.start_us for e in sorted(result.schedule, key=lambda e: e.start_us)
+            if e.task_id.endswith(f"/{kind}")]
+
+
+def _two_jobs_one_stage() -> TaskGraph:
+    return merge([chain_network(0, 0, [100], load_us=100),
+                  chain_network(1, 0, [100], load_us=100, release_us=10 * MB)])
+
+
+def test_a_cold_load_reads_its_file_and_a_second_load_hits_the_page_cache() -> None:
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB)}
+    result = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                            device=_device(100 * MB, stages))
+    # profiled 100 us + 2 MB at 1 MB/s; then the file is still cached
+    assert _durations(result, "load") == [100 + 2 * MB, 100]
+    assert result.device.bytes_read == 2 * MB
+    assert (result.device.load_misses, result.device.load_hits) == (1, 1)
+    assert result.device.killed_at_us is None
+    assert [job for job, _ in result.device.jobs_finished_before_kill] == [0, 1]
+
+
+def test_without_room_for_the_file_the_second_load_reads_it_again() -> None:
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB)}
+    # Room for the page cache: cap - base - what the job holds, well under 2 MB.
+    result = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                            device=_device(BASE + 500_000, stages))
+    assert _durations(result, "load") == [100 + 2 * MB, 100 + 2 * MB]
+    assert result.device.bytes_read == 4 * MB
+
+
+def test_a_warm_device_starts_with_the_files_cached_and_no_bandwidth_costs_nothing() -> None:
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB)}
+    warm = DeviceModel(100 * MB, BASE, MB, stages, cold_cache=False)
+    result = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                            device=warm)
+    assert _durations(result, "load") == [100, 100]
+    free = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                          device=_device(100 * MB, stages, read=None))
+    assert _durations(free, "load") == [100, 100]
+
+
+def _small_then_big() -> TaskGraph:
+    """Job 0: one small stage; job 1 (later): a network of four 1000-byte stages."""
+    return merge([chain_network(0, 0, [200]),
+                  chain_network(1, 1, [1_000] * 4, release_us=10_000)])
+
+
+def test_a_policy_that_exceeds_the_cap_is_predicted_killed_with_the_jobs_before() -> None:
+    cap = BASE + 2_500  # bulk loads the big network whole: 4000 bytes
+    bulk = simulate_graph(_small_then_big(), policy=make_policy("bulk"), workers=2,
+                          memory_budget_bytes=2_400, device=_device(cap, {}))
+    assert bulk.device.killed_at_us is not None and bulk.device.killed_at_us >= 10_000
+    assert [job for job, _ in bulk.device.jobs_finished_before_kill] == [0]
+    assert bulk.device.peak_anonymous_bytes > cap
+    masa = simulate_graph(_small_then_big(), policy=make_policy("masa"), workers=2,
+                          memory_budget_bytes=2_400, device=_device(cap, {}))
+    assert masa.device.killed_at_us is None
+    assert masa.device.peak_anonymous_bytes <= cap
+    assert [job for job, _ in masa.device.jobs_finished_before_kill] == [0, 1]
+
+
+def test_mapped_weights_that_do_not_fit_are_read_again_by_their_exec() -> None:
+    """Zero-copy stages hold file-backed pages, not anonymous memory: over the cap
+    they are not killed but evicted and read again (a thrash)."""
+    stages = {("n1", f"s{i}"): StageStorage(file_bytes=1_000, mapped_bytes=1_000)
+              for i in range(4)}
+    cap = BASE + 2_500
+    bulk = simulate_graph(_small_then_big(), policy=make_policy("bulk"), workers=2,
+                          memory_budget_bytes=2_400, device=_device(cap, stages))
+    assert bulk.device.killed_at_us is None
+    assert bulk.device.thrash_bytes > 0
+    roomy = simulate_graph(_small_then_big(), policy=make_policy("bulk"), workers=2,
+                           memory_budget_bytes=2_400, device=_device(BASE + 100_000, stages))
+    assert roomy.device.thrash_bytes == 0
+    assert roomy.device.bytes_read == 4_000
+
+
+def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
+        tmp_path, monkeypatch, capsys) -> None:
+    """`masa compare --simulate --device` needs no cgroups: the simulator models the device."""
+    import json
+    import os
+
+    from test_device import _prepare, fc_chain
+
+    from masa.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    store = tmp_path / "store"
+    # Unprofiled copy-mode stages: each holds its 8 MiB of weights once loaded.
+    _prepare(tmp_path, store, "big", fc_chain(1, 8, 1448, 1448), load_mode="copy",
+             profile=False)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [big]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 100, count: 2}\n")
+    device = tmp_path / "d.yaml"
+    device.write_text("name: tiny\nmemory: 80MiB\nstorage: {read: 20MB/s}\ncores: 2\n")
+    code = main(["compare", str(workload), "--store", str(store), "--device", str(device),
+                 "--simulate", "--memory", "24MiB", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1  # a run was killed
+    reports = document["reports"]
+    assert reports["bulk"]["status"] == "killed"
+    assert reports["bulk"]["emulation"]["simulated"] is True
+    assert reports["bulk"]["summary"]["jobs_finished_before_end"] == 0
+    masa = reports["masa"]
+    assert masa["status"] == "finished" and masa["summary"]["jobs_failed"] == 0
+    # Cold: every stage file read once at 20 MB/s at least.
+    stage_bytes = sum(p.stat().st_size for p in (store / "big").rglob("*.onnx*")
+                      if p.name != "source.onnx")
+    assert masa["emulation"]["bytes_read"] >= 0.9 * stage_bytes
+    assert masa["summary"]["makespan_us"] >= 0.9 * stage_bytes / 20e6 * 1e6
+
+
+def test_concurrent_cold_loads_share_the_storage() -> None:
+    """Two jobs' cold LOADs at once: the second waits for the first one's read."""
+    graph = merge([chain_network(0, 0, [100], load_us=100),
+                   chain_network(1, 1, [100], load_us=100)])
+    stages = {("n0", "s0"): StageStorage(file_bytes=MB), ("n1", "s0"): StageStorage(MB)}
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=10_000,
+                            device=_device(100 * MB, stages))
+    assert sorted(_durations(result, "load")) == [100 + MB, 100 + 2 * MB]
