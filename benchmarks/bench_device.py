@@ -318,7 +318,7 @@ def resimulate(args: argparse.Namespace) -> None:
             ratios = [r["real"]["exec_ratio"] for r in results
                       if r["key"] == record["key"] and r["real"].get("exec_ratio")]
             factor = record["real"].get("exec_ratio") or (
-                float(np.mean(ratios)) if ratios else None)
+                float(np.mean(ratios)) if ratios else 1.0)
             record.update(simulate(cell, record["policy"], prepared,
                                    board(base_bytes + cell.budget_mib * MIB), base_bytes,
                                    factor))
@@ -601,7 +601,55 @@ def _relative(path: Path) -> str:
 
 ANALYSIS = """## Where we match the paper, where not, and why
 
-(Written from the cells above; see the report of issue 12.)"""
+Written from the cells measured on 2026-11-23 (issue 12's report); the tables
+above are regenerated from the results file.
+
+- **Masa wins where the CPU saturates, as in the paper.** In the small scenario
+  (its stage files stay in the page cache after the first job) at rho 0.9,
+  Masa's mean response was 0.17x Bulk's at 512 MiB and 0.08x at 1 GiB (the
+  paper: up to -90% in saturated queues), and at 2 GiB / 0.7 0.27x; with 120 s
+  of arrivals instead of 60 s at 512 MiB / 0.7, 0.15x. At 0.7 with 60 s of
+  arrivals Masa was even with Bulk (4.4 s and 2.6 s both), but the same cell
+  measured earlier in the day gave Masa 8.9 s and Bulk 1.8 s: on this machine's
+  2 cores shared with other work (load average 1-6) a 60 s run is not a steady
+  state, and the 60 s and 120 s runs of the same cell differ more than the
+  policies do. The run-length check therefore fails: the mean still changes
+  with the run's length.
+- **Where the SD card binds, the policies tie.** In mixed, lifelogging and
+  stochastic II at 512 MiB every job reads its 0.6-1.1 GB of stage files again
+  (they cannot stay cached under the cap): the card at 44 MB/s is the bottleneck
+  and the order of the loads does not change the bytes read, so all three
+  policies were within 3-17% of each other (stochastic II: Masa -15%; mixed:
+  Masa +10% to +17%). Masa pays for loading ahead there: with zero-copy stages
+  a loaded stage's weight pages can be evicted before its EXEC and are read
+  again during it (Masa's EXECs took 44x their profiled time in mixed, Bulk's
+  6x). The paper's -30% at 512 MiB is not reproduced on a cold SD card.
+- **Kills.** With zero-copy stages (the default store) nobody was killed at
+  512 MiB: the weights are file-backed pages the kernel evicts and reads again
+  (a thrash, counted in bytes read and major faults), and Bulk's whole
+  networks fit at scale 1 (mixed: 396 MiB reserved). With copied weights (the
+  issue's hand measurements) every policy was killed in mixed at 512 MiB,
+  Masa included, since EmotionNet's fc6 needs 576 MiB to load; at 1 GiB
+  nobody was (Bulk peaked at 729 MiB, the cap was 1056 MiB), while the issue
+  saw Bulk killed at 704-832 MiB caps.
+- **The simulator** (profile CPU times) predicted every kill measured (3 of 3,
+  none extra) and the bytes read from the card (median ratio 1.00 over the
+  finished runs). Where storage binds (zero-copy mixed, lifelogging, stochastic
+  I and II at 512 MiB) every run's simulated mean was within 30% of the real
+  one (-28% to +15%) and the masa/bulk ratio within 15 points in 7 of 8 cells
+  (mixed at 0.7: 19 points). With copied weights it read 1.6-1.9x the real
+  bytes and its means were 1.4-3x the real ones (the ledger's reservations are
+  conservative peaks, so the simulated page cache has less room than the
+  kernel's), the ratio still within 13 points. Where the CPU binds (small) it is
+  far off (means -85% to +850%; ratio misses of 22-96 points in 3 of 6 cells):
+  the profile's CPU times are not what the shared cores gave (a run's EXEC
+  time / the profile's: 0.6-1.15 there) and Bulk's serial order is more
+  sensitive to them than Masa's. Scaling each run's CPU by its own factor
+  brings the small cells' ratios within 10 points, but overshoots where EXECs
+  include page faults (that factor then counts the thrash twice). So of the
+  acceptance targets, "every kill predicted" holds; "ratio within 15 points in
+  every cell" holds in 12 of 16 cells and "mean within 30%" in 26 of 48 runs."""
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
