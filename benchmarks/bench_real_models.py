@@ -77,7 +77,7 @@ def _masa(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, check=False)
 
 
-def _feeds(store: Path, name: str, args: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _feeds(store: Path, name: str) -> dict[str, np.ndarray]:
     """Seeded random input of the network's input shapes as prepared (dynamic dims: the
     sample's), in each input's dtype."""
     manifest = load_manifest(store / name)
@@ -103,7 +103,7 @@ def measure(store: Path, name: str, path: Path, args: tuple[str, ...]) -> dict[s
     if prepared.returncode != 0:
         return {**row, "result": f"prepare failed: {prepared.stderr.strip()[-200:]}"}
     row["stages"] = len(load_manifest(store / name).stages)
-    feeds = _feeds(store, name, args)
+    feeds = _feeds(store, name)
     with tempfile.TemporaryDirectory() as scratch:
         np.savez(Path(scratch) / "x.npz", **feeds)
         infer = ["infer", "--store", str(store), "--model", name, "--input",

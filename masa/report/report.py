@@ -533,9 +533,10 @@ def format_emulation(report: Mapping[str, Any]) -> str:
     emulation = report["emulation"]
     device = emulation["device"]
     throttle = device["read_bytes_per_s"]
+    cpus = f" on CPUs {device['cpus']}" if device.get("cpus") else ""  # what the run had
     head = (f"device {device['name']}: cap {_size(device['memory_cap_bytes'])}, "
             f"reads {'unthrottled' if not throttle else f'{throttle / 1e6:g} MB/s'}, "
-            f"swap {_size(device['swap_bytes'])}, {device['cores']} cores, "
+            f"swap {_size(device['swap_bytes'])}, {device['cores']} cores{cpus}, "
             f"{'cold' if device['cold_cache'] else 'warm'} page cache; budget "
             f"{_size(emulation['memory_budget_bytes'])} (runtime base "
             f"{_size(emulation['runtime_base_bytes'])})")

@@ -508,7 +508,8 @@ def _signals_deferred() -> Iterator[None]:
 def run_emulated(plan: EmulationPlan, spec: dict[str, Any]) -> EmulatedRun:
     """Run `spec` (masa.cli.emulation_child's input) on the emulated device."""
     remove_stale_groups(plan.layout)
-    run = EmulatedRun(device=plan.device.as_dict(), status="failed")
+    # The CPUs the run really gets: the device's core count, capped by this machine's.
+    run = EmulatedRun(device={**plan.device.as_dict(), "cpus": plan.cpus}, status="failed")
     with tempfile.TemporaryDirectory(prefix="masa-emu-") as scratch:
         paths = {name: Path(scratch, name) for name in ("spec.json", "progress", "report")}
         paths["spec.json"].write_text(json.dumps({
