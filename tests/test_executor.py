@@ -72,7 +72,7 @@ def test_masa_plan_searches_off_the_loop_in_a_real_run(manifests, feeds):
     assert policy.plans >= 1
     # The loop never waited: it took its first decisions greedily, before any plan.
     assert policy.greedy_picks >= 1
-    assert policy.planner._pool._shutdown  # closed with the run
+    assert policy.planner.closed  # closed with the run
     _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)
     # The simulator and the solver benchmark plan inline, deterministically.
     assert isinstance(make_policy("masa-plan").planner, InlinePlanner)

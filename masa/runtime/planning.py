@@ -312,6 +312,7 @@ class ThreadPlanner:
         self.time_budget_s = time_budget_s
         self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masa-plan")
+        self.closed = False  # close() was called: no search starts any more
 
     def submit(self, search: Callable[[Callable[[], bool] | None], Plan]) -> PlanFuture:
         def timed() -> Plan:
@@ -323,6 +324,7 @@ class ThreadPlanner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.closed = True
 
 
 class PlanningPolicy(RankedPolicy):
