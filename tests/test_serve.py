@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,14 @@ from PIL import Image
 
 from masa.common.errors import UserError
 from masa.serve.config import Preprocess, load_config
-from masa.serve.inputs import BadInput, Limits, TooLarge, decode_body, preprocess_image
+from masa.serve.inputs import (
+    BadInput,
+    Limits,
+    TooLarge,
+    decode_body,
+    encode_npz,
+    preprocess_image,
+)
 from model_prep.manifest import TensorSpec
 from model_prep.prepare_cli import prepare_network
 
@@ -483,6 +491,27 @@ def test_a_small_npz_that_expands_past_the_limit_is_refused_unread() -> None:
     with pytest.raises(TooLarge, match="array of shape"):
         decode_body(json.dumps({"inputs": {"x": {"data": [0.0] * 300_000}}}).encode(),
                     "application/json", LIMITS)
+
+
+def test_npy_bodies_are_read_in_place_and_outputs_round_trip_through_npz() -> None:
+    rng = np.random.default_rng(7)
+    tensor = rng.random((1, 3, 8, 8)).astype(np.float32)
+    body = npy_bytes(tensor)
+    (decoded,) = decode_body(body, "", LIMITS).arrays.values()
+    assert np.array_equal(decoded, tensor)
+    assert decoded.base is not None and not decoded.flags.writeable  # a view of the body
+    fortran = np.asfortranarray(rng.random((3, 5)))
+    (decoded_fortran,) = decode_body(npy_bytes(fortran), "", LIMITS).arrays.values()
+    assert np.array_equal(decoded_fortran, fortran)
+    outputs = {"agenet/prob": tensor[0, 0], "gendernet/label": np.arange(6).reshape(2, 3),
+               "f": fortran, "empty": np.zeros((0, 4), dtype=np.int8)}
+    archive = encode_npz(outputs)
+    assert zipfile.ZipFile(io.BytesIO(archive)).testzip() is None  # every CRC matches
+    with np.load(io.BytesIO(archive)) as loaded:
+        assert sorted(loaded.files) == sorted(outputs)
+        for name, value in outputs.items():
+            assert loaded[name].dtype == value.dtype and np.array_equal(loaded[name], value)
+    assert decode_body(archive, "application/x-npz", LIMITS).arrays.keys() == outputs.keys()
 
 
 def test_preprocess_resize_crop_bgr_mean_std_layout_dtype() -> None:

@@ -46,6 +46,7 @@ from masa.serve.service import (
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
+READ_BUFFER_BYTES = 2**20
 _OPEN_PATHS = ("/healthz", "/readyz")
 _SERVICE = web.AppKey("service", Service)
 _WAITERS = web.AppKey("waiters", dict)
@@ -321,7 +322,11 @@ def make_app(service: Service) -> web.Application:
 
 async def _serve(service: Service) -> None:
     config = service.config
-    runner = web.AppRunner(make_app(service), access_log=None)
+    # A body is read in large pieces: with aiohttp's 64 KiB buffer a 600 KB tensor
+    # pauses and resumes the socket several times before the job can start.
+    runner = web.AppRunner(make_app(service), access_log=None,
+                           read_bufsize=min(READ_BUFFER_BYTES,
+                                            config.limits["max_body_bytes"]))
     await runner.setup()
     if config.unix_socket is not None:
         site: web.BaseSite = web.UnixSite(runner, str(config.unix_socket))

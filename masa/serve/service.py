@@ -36,7 +36,6 @@ unfinished jobs queued in the journal for the next start.
 from __future__ import annotations
 
 import hmac
-import io
 import json
 import logging
 import os
@@ -69,6 +68,7 @@ from masa.serve.inputs import (
     Limits,
     TooLarge,
     decode_body,
+    encode_npz,
     network_feeds,
     sniff_kind,
 )
@@ -400,9 +400,11 @@ class Service:
             self._decoding.acquire()
         try:
             job_input = decode_body(body, content_type, self.limits)
-            if on_loop and not self._takes_as_is(graph, job_input):
-                return None
-            self._check_entry_inputs(graph, job_input)
+            if on_loop:
+                if not self._takes_as_is(graph, job_input):
+                    return None
+            else:  # a tensor taken as it is needs no check beyond its shape and dtype
+                self._check_entry_inputs(graph, job_input)
         except TooLarge as error:
             raise ServeError(413, str(error), "too_large") from None
         except (BadInput, ValueError) as error:
@@ -778,7 +780,7 @@ class _FinalWrite:
             arrays.update({f"{network}/{key}": value for key, value in tensors.items()})
         text = json.dumps(self.result)
         self.encoded = text.encode()
-        return Final(self.job_id, self.state, text, _npz(arrays) if arrays else None)
+        return Final(self.job_id, self.state, text, encode_npz(arrays) if arrays else None)
 
     def done(self, outcome: bool | Exception) -> None:
         if isinstance(outcome, Exception):  # the disk: the job runs again at start
@@ -794,12 +796,6 @@ def _tensor_json(value: np.ndarray, inline_limit: int) -> dict[str, Any]:
     if array.size <= inline_limit:
         document["data"] = array.tolist()
     return document
-
-
-def _npz(arrays: Mapping[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
 
 
 class _JobObserver(Observer):
