@@ -165,8 +165,9 @@ async def get_job(request: web.Request) -> web.Response:
             if remaining_s <= 0:
                 break
             event.clear()
-            try:
-                await asyncio.wait_for(event.wait(), remaining_s)
+            try:  # asyncio.timeout, unlike wait_for, wraps no task: one wake-up less
+                async with asyncio.timeout(remaining_s):
+                    await event.wait()
             except TimeoutError:
                 pass
             found = await view()
