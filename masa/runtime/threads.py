@@ -174,8 +174,6 @@ SAMPLE_PERIOD_S = 0.002
 # window instead (measured: 1-2 MiB of one-off growth in a fresh process's first
 # jobs that readings during execution missed; tests/test_fidelity.py).
 UNMODELLED_WINDOW_US = 1_000_000
-# How long the loop must have nothing to do before it trims the heap after an unload.
-UNLOAD_TRIM_DELAY_S = 0.005
 
 
 class _ResidentMeter:
@@ -456,26 +454,14 @@ class ThreadBackend:
         return []
 
     def wait(self, deadline_us: int | None) -> list[Completion]:
+        if self.pending_unload:
+            # Sessions are only referenced from the stage store: dropping them frees
+            # them; trimming returns the pages without a gc pass.
+            release_memory(collect=False)
+            self.pending_unload = False
         timeout_s = None if deadline_us is None else max(0.0, (deadline_us - self.now_us()) / 1e6)
         try:
-            if self.pending_unload:
-                # Sessions are only referenced from the stage store: dropping them frees
-                # them; trimming returns the pages without a gc pass. The trim waits
-                # for a quiet moment (UNLOAD_TRIM_DELAY_S without a completion), so
-                # it does not take a core from what follows a task's end (the next
-                # dispatches, a daemon's answer to its client).
-                delay_s = (UNLOAD_TRIM_DELAY_S if timeout_s is None
-                           else min(timeout_s, UNLOAD_TRIM_DELAY_S))
-                try:
-                    items = [self.completions.get(timeout=delay_s)]
-                except queue.Empty:
-                    release_memory(collect=False)
-                    self.pending_unload = False
-                    if timeout_s is not None:
-                        timeout_s = max(0.0, (deadline_us - self.now_us()) / 1e6)
-                    items = [self.completions.get(timeout=timeout_s)]
-            else:
-                items = [self.completions.get(timeout=timeout_s)]
+            items = [self.completions.get(timeout=timeout_s)]
         except queue.Empty:
             return []
         while True:  # every completion already queued, before the next decision
