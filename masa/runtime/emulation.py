@@ -369,7 +369,11 @@ class DeviceCgroups:
 
 
 def evict_files(paths: Iterable[str | Path]) -> int:
-    """Drop the files' pages from the page cache (clean pages no one maps); their bytes."""
+    """Drop the files' pages from the page cache (pages no one maps); their bytes.
+
+    Each file is written back first: the kernel keeps dirty pages on
+    POSIX_FADV_DONTNEED, so a store prepared moments before (its pages still
+    dirty under a busy disk) would otherwise start partly warm."""
     total = 0
     for path in paths:
         try:
@@ -378,6 +382,7 @@ def evict_files(paths: Iterable[str | Path]) -> int:
             continue
         try:
             total += os.fstat(fd).st_size
+            os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
