@@ -264,6 +264,32 @@ def test_json_and_npz_inputs_are_accepted(server: Server, store: Store) -> None:
                                    rtol=1e-4, atol=1e-5)
 
 
+def test_a_post_with_wait_answers_with_the_result(server: Server, store: Store) -> None:
+    x = np.random.default_rng(4).random((1, 3, 16, 16)).astype(np.float32)
+    status, headers, data = server.request("POST", "/v1/jobs?graph=both&wait=30",
+                                           body=npy_bytes(x),
+                                           headers={"Content-Type": "application/x-npy"})
+    ended = json.loads(data)
+    assert status == 200 and ended["state"] == "done", ended
+    assert headers["Location"] == f"/v1/jobs/{ended['id']}"
+    assert server.json("GET", headers["Location"])[1] == ended  # the journaled result
+    inline = np.asarray(ended["networks"]["resnet"]["outputs"]["y"]["data"], dtype=np.float32)
+    np.testing.assert_allclose(inline, whole_model(store.model_files["resnet"], x),
+                               rtol=1e-4, atol=1e-5)
+    # A job that cannot end within the wait (seconds of MatMuls against 10 ms): a 202.
+    status, document = server.json("POST", "/v1/jobs?graph=slow&wait=0.01",
+                                   body=_slow_input(),
+                                   headers={"Content-Type": "application/x-npy"})
+    assert status == 202 and document["state"] in ("queued", "running"), document
+    assert server.json("DELETE", document["url"])[0] == 202
+    assert server.wait(document["id"])["state"] == "cancelled"
+    status, document = server.json("POST", "/v1/jobs?graph=both&wait=soon",
+                                   body=npy_bytes(x),
+                                   headers={"Content-Type": "application/x-npy"})
+    assert status == 400 and "?wait= expects seconds, got 'soon'" in document["error"]
+    _assert_idle_and_flat(server)
+
+
 def _slow_input() -> bytes:
     return npy_bytes(np.random.default_rng(3).random((SLOW_SIDE, SLOW_SIDE))
                      .astype(np.float32))

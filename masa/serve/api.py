@@ -5,7 +5,9 @@ in constant time; /healthz and /readyz stay open), the request size limit
 (413 before the body is read when Content-Length says so), the one-line JSON
 errors, long-polling (`?wait=`, woken by the service when a job starts
 running and when its result is journaled; `&while=STATE` waits only while the
-job is in that state, so a client can wait for a job to start) and `serve`:
+job is in that state, so a client can wait for a job to start; a POST with
+`?wait=` answers with the result itself, 200, when the job ends in time: one
+request instead of two) and `serve`:
 listen, print the address, run until SIGTERM or SIGINT, then refuse new jobs
 (503), let accepted ones finish within the grace time and stop; jobs still
 unfinished stay queued in the journal.
@@ -106,6 +108,7 @@ async def submit_job(request: web.Request) -> web.Response:
     graph = request.query.get("graph")
     if not graph:
         raise ServeError(400, "missing ?graph=NAME (see GET /v1/graphs)", "unknown_graph")
+    wait_s = _wait_seconds(request)
     limit = service.config.limits["max_body_bytes"]
     if request.content_length is not None and request.content_length > limit:
         raise ServeError(413, f"body of {request.content_length} bytes, more than the limit "
@@ -125,7 +128,14 @@ async def submit_job(request: web.Request) -> web.Response:
         error = failure
     service.end_accept(job_id, graph, error)
     url = f"/v1/jobs/{job_id}"
-    return web.json_response({"id": job_id, "state": "queued", "url": url}, status=202,
+    state = "queued"
+    if wait_s > 0:  # ?wait=S: the result itself when the job ends within S seconds
+        found = await _wait_for_job(request, job_id, wait_s, _until_final)
+        if found is not None and found[0] in FINAL_STATES:
+            return web.Response(body=found[1], content_type="application/json",
+                                headers={"Location": url})
+        state = found[0] if found is not None else state
+    return web.json_response({"id": job_id, "state": state, "url": url}, status=202,
                              headers={"Location": url})
 
 
@@ -138,29 +148,30 @@ def _wait_seconds(request: web.Request) -> float:
                          "bad_input") from None
 
 
-async def get_job(request: web.Request) -> web.Response:
-    service = request.app[_SERVICE]
-    job_id = _job_id(request)
-    wait_s = _wait_seconds(request)
-    while_state = request.query.get("while")  # None: wait while the job has not ended
+def _until_final(state: str) -> bool:
+    return state not in FINAL_STATES
 
-    def waiting(state: str) -> bool:
-        if while_state is None:
-            return state not in FINAL_STATES
-        return state == while_state
+
+async def _wait_for_job(request: web.Request, job_id: int, wait_s: float,
+                        waiting: Callable[[str], bool]) -> tuple[str, bytes] | None:
+    """The job's (state, JSON) once `waiting(state)` is false or wait_s has passed;
+    None when there is no such job. Woken by the service's start and final events."""
+    service = request.app[_SERVICE]
 
     async def view() -> tuple[str, bytes] | None:
         # From memory on the loop while the job runs or just ended; else the journal.
         return service.cached_view(job_id) or await _run(service.job_view, job_id)
 
+    if wait_s <= 0:
+        return await view()
     event = asyncio.Event()
     waiters: dict[int, set[asyncio.Event]] = request.app[_WAITERS]
-    if wait_s > 0:  # registered before the first read: a change cannot slip between
-        waiters.setdefault(job_id, set()).add(event)
+    # Registered before the first read: a change cannot slip between.
+    waiters.setdefault(job_id, set()).add(event)
     try:
         found = await view()
         deadline_s = asyncio.get_running_loop().time() + wait_s
-        while found is not None and wait_s > 0 and waiting(found[0]):
+        while found is not None and waiting(found[0]):
             remaining_s = deadline_s - asyncio.get_running_loop().time()
             if remaining_s <= 0:
                 break
@@ -172,12 +183,20 @@ async def get_job(request: web.Request) -> web.Response:
                 pass
             found = await view()
     finally:
-        if wait_s > 0:
-            waiting = waiters.get(job_id)
-            if waiting is not None:
-                waiting.discard(event)
-                if not waiting:
-                    del waiters[job_id]
+        events = waiters.get(job_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del waiters[job_id]
+    return found
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job_id = _job_id(request)
+    wait_s = _wait_seconds(request)
+    while_state = request.query.get("while")  # None: wait while the job has not ended
+    found = await _wait_for_job(request, job_id, wait_s, _until_final if while_state is None
+                                else lambda state: state == while_state)
     if found is None:
         raise ServeError(404, f"no job {job_id}", "not_found")
     return web.Response(body=found[1], content_type="application/json")

@@ -3,8 +3,9 @@
 A small client on the standard library's urllib (nothing heavy to import on
 the machine that sends photos): each FILE is POSTed as one job, with its
 Content-Type from its suffix; with `--wait` it long-polls until the job
-ends and prints one line per job (id, state, each network's status), or one
-JSON document with `--json`; `--out DIR` saves each job's outputs.npz.
+ends (a single file: the POST itself waits, one request) and prints one
+line per job (id, state, each network's status), or one JSON document
+with `--json`; `--out DIR` saves each job's outputs.npz.
 Exit 0 when every job ended done, 1 when one failed or was cancelled (or the
 daemon could not be reached or refused for lack of room), 2 for bad input.
 """
@@ -94,8 +95,12 @@ def submit_command(args: argparse.Namespace) -> int:
         except OSError as error:
             raise UserError(f"--token-file {args.token_file}: {error.strerror}") from None
     client = _Client(args.url, token)
-    query = urllib.parse.urlencode({"graph": args.graph})
+    parameters: dict[str, Any] = {"graph": args.graph}
+    if args.wait and len(args.files) == 1:  # one request: the POST waits for the result
+        parameters["wait"] = f"{min(_POLL_S, args.timeout):.1f}"
+    query = urllib.parse.urlencode(parameters)
     submitted = []
+    ended: dict[int, dict[str, Any]] = {}  # job id -> its result, when the POST had it
     for file in args.files:
         try:
             body = file.read_bytes()
@@ -104,7 +109,9 @@ def submit_command(args: argparse.Namespace) -> int:
         content_type = CONTENT_TYPES.get(file.suffix.lower(), "application/octet-stream")
         status, document = client.json("POST", f"/v1/jobs?{query}", body=body,
                                        content_type=content_type)
-        if status != 202:
+        if status == 200 and "wait" in parameters:
+            ended[int(document["id"])] = document
+        elif status != 202:
             raise _refused(file, status, document)
         submitted.append((file, int(document["id"])))
     if not args.wait:
@@ -114,7 +121,8 @@ def submit_command(args: argparse.Namespace) -> int:
             for file, job_id in submitted:
                 print(f"{file}: job {job_id} accepted")
         return EXIT_OK
-    results = [(file, _wait(client, job_id, args.timeout)) for file, job_id in submitted]
+    results = [(file, ended.get(job_id) or _wait(client, job_id, args.timeout))
+               for file, job_id in submitted]
     if args.out is not None:
         for file, result in results:
             _save_outputs(client, args.out, file, result)

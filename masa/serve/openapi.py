@@ -38,12 +38,18 @@ def openapi_document() -> dict[str, Any]:
             "/v1/jobs": {"post": {
                 "summary": "Submit a job; answered once it is journaled",
                 "parameters": [{"name": "graph", "in": "query", "required": True,
-                                "schema": {"type": "string"}}],
+                                "schema": {"type": "string"}},
+                               {"name": "wait", "in": "query",
+                                "schema": {"type": "number", "maximum": 60},
+                                "description": "seconds to wait for the job to end: 200 "
+                                               "with the job when it ends in time, else "
+                                               "202"}],
                 "requestBody": {"required": True, "content": {
                     "image/jpeg": {}, "image/png": {}, "application/x-npy": {},
                     "application/x-npz": {},
                     "application/json": {"schema": {"$ref": "#/components/schemas/Inputs"}}}},
                 "responses": {
+                    "200": _json("with wait: the job, ended", "Job"),
                     "202": _json("accepted and journaled", "Accepted"),
                     "400": _error("undecodable input or unknown graph"),
                     "401": _error("missing or wrong token"),
