@@ -455,3 +455,43 @@ def test_the_core_sees_the_budget_less_the_largest_recent_unmodelled_reading() -
     assert reading(1.2 * window_s, 0) == 1 * MIB  # the 3 MiB reading left the window
     assert reading(1.3 * window_s, 2 * MIB) == 2 * MIB
     assert reading(2.5 * window_s, 0) == 0
+
+
+def test_the_sampler_wakes_only_while_a_task_runs(tmp_path: Path) -> None:
+    """Between decisions memory is sampled every SAMPLE_PERIOD_S, but only while a task
+    runs: an idle daemon's sampler does not wake (each wake-up delays its HTTP loop)."""
+    import models
+
+    from masa.runtime.driver import Observer
+    from masa.runtime.runner import prepare_run
+    from masa.runtime.threads import RealExecutor, RealRunConfig
+    from model_prep.prepare_cli import prepare_network
+    from workloads.inputs import network_inputs
+
+    model = models.save(models.conv_chain(np.random.default_rng(0)), tmp_path, "chain")
+    prepare_network(model, tmp_path / "store", "chain", profile=False, show_progress=False)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [chain]\narrivals: {kind: periodic, interval_ms: 30, "
+                        "count: 4}\n")
+    prepared = prepare_run(workload, tmp_path / "store")
+
+    def inputs_for(job_id: int, network: str, upstream_outputs: dict) -> dict:
+        return network_inputs(prepared.workload, prepared.manifests[network], job_id,
+                              upstream_outputs)
+
+    executor = RealExecutor(prepared.graph, prepared.manifests, inputs_for,
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB))
+    seen: list[tuple[int, bool]] = []  # after each decision: (tasks running, sampling)
+
+    class Watch(Observer):
+        def memory(self, now_us: int, reserved_bytes: int, measured_bytes: int | None) -> None:
+            seen.append((executor.driver.state.running_count,
+                         executor.backend.meter.sampling))
+
+    executor.driver.observers.append(Watch())
+    executor.run()
+    assert any(running for running, _ in seen)
+    assert all(sampling for running, sampling in seen if running)
+    # Idle between the jobs (30 ms apart) and at the end: the sampler sleeps.
+    assert any(not sampling for running, sampling in seen if not running)
+    assert seen[-1] == (0, False)
