@@ -227,9 +227,8 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
               "cap_mib": round(device.memory_cap_bytes / MIB, 1), "real": _stats(real)}
-    if cell.context == "oblivious":
-        record.update(simulate(cell, policy, prepared, device, base_bytes,
-                               record["real"]["exec_ratio"]))
+    record.update(simulate(cell, policy, prepared, device, base_bytes,
+                           record["real"]["exec_ratio"]))
     return record
 
 
@@ -310,7 +309,7 @@ def resimulate(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
         for record in results:
             cell = cells.get(record["key"])
-            if cell is None or cell.context != "oblivious":
+            if cell is None:
                 continue
             workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps)
             prepared = prepare_run(workload, store_of(cell, args), cell.context)

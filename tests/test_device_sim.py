@@ -144,3 +144,35 @@ def test_concurrent_cold_loads_share_the_storage() -> None:
     result = simulate_graph(graph, workers=2, memory_budget_bytes=10_000,
                             device=_device(100 * MB, stages))
     assert sorted(_durations(result, "load")) == [100 + MB, 100 + 2 * MB]
+
+
+def test_a_simulated_device_run_keeps_context_aware_conditions(tmp_path) -> None:
+    """CA-wait on a simulated device: a downstream network whose label is never drawn
+    is skipped, so its stage files are never read from the card."""
+    from test_device import _prepare, fc_chain
+
+    from masa.cli.emulated import simulate_on_device, stage_storage
+    from masa.runtime.runner import RunSettings, prepare_run
+
+    store = tmp_path / "store"
+    for name, seed in (("first", 1), ("second", 2)):
+        _prepare(tmp_path, store, name, fc_chain(seed, 2, 256, 256), profile=False)
+    stage_bytes = {name: sum(p.stat().st_size for p in (store / name).rglob("*.onnx*")
+                             if p.name != "source.onnx") for name in ("first", "second")}
+    reads = {}
+    for probability in (0.0, 1.0):
+        workload = tmp_path / f"w{probability}.yaml"
+        workload.write_text("graph:\n  first:\n  second:\n    after: first\n"
+                            f"    when: {{probability: {probability}}}\ninput: random\n"
+                            "arrivals: {kind: periodic, interval_ms: 100, count: 1}\n")
+        prepared = prepare_run(workload, store, "wait")
+        device = DeviceModel(memory_cap_bytes=512 * MB, runtime_base_bytes=0,
+                             read_bytes_per_s=20 * MB, stages=stage_storage(prepared.manifests),
+                             cold_cache=True)
+        outcome, result = simulate_on_device(
+            prepared, RunSettings(workers=2, memory_budget_bytes=64 * MB), device)
+        second = outcome.network_status["j0/second"]
+        assert second == ("skipped" if probability == 0.0 else "done"), second
+        reads[probability] = result.device.bytes_read
+    assert reads[1.0] - reads[0.0] == stage_bytes["second"]
+    assert reads[0.0] == stage_bytes["first"]

@@ -22,9 +22,14 @@ from masa.common.errors import EXIT_USAGE, RunFailed, UserError
 from masa.report.report import emulated_report, outcome_report
 from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
-from masa.runtime.registry import make_policy
-from masa.runtime.runner import PreparedRun, RunOutcome, RunSettings, prepare_run
-from masa.runtime.virtual import DeviceModel, SimulationResult, StageStorage, simulate_graph
+from masa.runtime.runner import (
+    PreparedRun,
+    RunOutcome,
+    RunSettings,
+    prepare_run,
+    simulate_run,
+)
+from masa.runtime.virtual import DeviceModel, SimulationResult, StageStorage
 from model_prep.manifest import NetworkManifest
 
 
@@ -119,23 +124,11 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
 
 def simulate_on_device(prepared: PreparedRun, settings: RunSettings,
                        model: DeviceModel) -> tuple[RunOutcome, SimulationResult]:
-    """The workload simulated on the device (context-oblivious: a simulated condition
-    needs runner's controller, which takes no device)."""
-    if prepared.context != "oblivious":
-        raise UserError("--simulate with --device: only --context oblivious is modelled")
-    settings.check()
-    result = simulate_graph(prepared.graph, policy=make_policy(settings.policy),
-                            workers=settings.workers,
-                            memory_budget_bytes=settings.memory_budget_bytes, device=model)
-    outcome = RunOutcome(
-        simulated=True, settings=settings, context=prepared.context, graph=prepared.graph,
-        jobs=prepared.jobs, schedule=list(result.schedule),
-        network_status=dict(result.group_status), network_reason=dict(result.group_reason),
-        over_commits=list(result.over_commits), peak_reserved_bytes=result.peak_reserved_bytes,
-        final_reserved_bytes=result.final_reserved_bytes,
-        memory_timeline=[(t, reserved, None) for t, reserved in result.memory_timeline],
-        dispatch_order=list(result.dispatch_order),
-        network_versions=prepared.network_versions)
+    """The workload simulated on the device, context-aware conditions included (decided
+    as a simulation decides them: label probabilities drawn per job, output conditions
+    assumed to hold)."""
+    outcome, result = simulate_run(prepared, settings, device=model)
+    outcome.network_versions = prepared.network_versions
     return outcome, result
 
 

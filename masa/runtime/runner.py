@@ -33,7 +33,7 @@ from masa.runtime.threads import (
     RealRunConfig,
     RealRunResult,
 )
-from masa.runtime.virtual import simulate_graph
+from masa.runtime.virtual import DeviceModel, SimulationResult, simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
 from masa.sched.core import OverCommit
 from masa.sched.jobs import JobSpec, build_job_graph, build_workload_graph, group_id, task_id
@@ -276,7 +276,7 @@ def execute(prepared: PreparedRun, settings: RunSettings, *, simulate: bool,
     failures = _ConditionFailures()
     controller = _controller(prepared, simulate, failures)
     if simulate:
-        outcome = _simulate(prepared, settings, controller)
+        outcome, _ = _simulate(prepared, settings, controller)
     else:
         try:
             outcome = _run_real(prepared, settings, controller, observers)
@@ -294,12 +294,22 @@ def execute(prepared: PreparedRun, settings: RunSettings, *, simulate: bool,
     return outcome
 
 
+def simulate_run(prepared: PreparedRun, settings: RunSettings, *,
+                 device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
+    """The prepared workload simulated under `settings` (on `device`: storage, page
+    cache, kills), with its context-aware conditions decided as `execute` decides them
+    in a simulation; the outcome and the simulator's own result."""
+    settings.check()
+    return _simulate(prepared, settings, _controller(prepared, True), device)
+
+
 def _simulate(prepared: PreparedRun, settings: RunSettings,
-              controller: ContextController | None) -> RunOutcome:
+              controller: ContextController | None,
+              device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
     result = simulate_graph(prepared.graph, policy=make_policy(settings.policy),
                             workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
-                            driver_options={"context": controller})
+                            driver_options={"context": controller}, device=device)
     status = {
         group: controller.network_status(group, value) if controller else value
         for group, value in result.group_status.items()
@@ -312,7 +322,7 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
         final_reserved_bytes=result.final_reserved_bytes,
         memory_timeline=[(t, reserved, None) for t, reserved in result.memory_timeline],
         dispatch_order=list(result.dispatch_order),
-    )
+    ), result
 
 
 def _run_real(prepared: PreparedRun, settings: RunSettings,
