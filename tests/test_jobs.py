@@ -17,6 +17,7 @@ from masa.sched.jobs import (
     JobSpec,
     build_job_graph,
     build_workload_graph,
+    network_plans,
     network_time_us,
     stage_costs,
     task_id,
@@ -192,6 +193,18 @@ def test_upstreams_add_the_preempt_start_rule() -> None:
     alone = build_job_graph(JobSpec(1, 0, ("age",)), manifests, order, upstreams=upstreams)
     assert set(alone.start_after) == set(
         build_job_graph(JobSpec(1, 0, ("age",)), manifests, order).start_after)
+
+
+def test_plans_computed_once_give_the_same_job_graphs() -> None:
+    """A daemon plans its networks once and builds each job from the plans."""
+    manifests = {"face": _manifest("face", CHAIN), "age": _manifest("age", DIAMOND)}
+    plans = network_plans({"face": manifests["face"]})  # age: planned on the way
+    for job_id in range(3):
+        spec = JobSpec(job_id, 100 * job_id, ("face", "age"))
+        assert build_job_graph(spec, manifests, ["face", "age"], upstreams={"age": ["face"]},
+                               plans=plans) == build_job_graph(
+            spec, manifests, ["face", "age"], upstreams={"age": ["face"]})
+    assert set(plans) == {"face"}  # the caller's mapping is read, not changed
 
 
 def test_workload_graph_merges_jobs_with_disjoint_ids() -> None:

@@ -59,7 +59,7 @@ from masa.runtime.runner import with_transform_waits
 from masa.runtime.threads import RealRunConfig, ThreadBackend
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import GroupStatus, OverCommit, new_state
-from masa.sched.jobs import JobSpec, build_job_graph, group_id, stage_costs
+from masa.sched.jobs import JobSpec, build_job_graph, group_id, network_plans, stage_costs
 from masa.sched.taskgraph import ScheduledTask, TaskGraph
 from masa.serve.config import GraphSpec, ServeConfig
 from masa.serve.inputs import (
@@ -219,6 +219,7 @@ class Service:
         self.on_started: list[Callable[[int], None]] = []  # a job's first task was dispatched
         self.violations = 0  # over-commits of a memory-aware policy while others ran
         self.peak_reserved_bytes = 0
+        self._plans = network_plans(config.manifests)  # the same for every job
         self.state = new_state(config.workers, self.budget_bytes,
                                make_policy(config.policy, real_time=True))
         controller = None
@@ -453,7 +454,8 @@ class Service:
         upstreams = ({node.name: node.after for node in graph.workload.nodes if node.after}
                      if self.config.context == "preempt" else None)
         task_graph: TaskGraph = build_job_graph(spec, self.config.manifests,
-                                                self.config.network_order, upstreams=upstreams)
+                                                self.config.network_order, upstreams=upstreams,
+                                                plans=self._plans)
         task_graph = with_transform_waits(task_graph, [spec], graph.workload,
                                            self.config.manifests)
         self.driver.submit(task_graph)
