@@ -152,6 +152,7 @@ _LIBC = _load_libc()
 
 # glibc mallopt(M_MMAP_THRESHOLD): setting it also turns off its dynamic growth.
 _M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1  # free() returns the heap's top to the OS once it exceeds this
 MMAP_THRESHOLD_BYTES = 128 * 1024
 EXECUTOR_MMAP_THRESHOLD_BYTES = 1 << 20
 _pinned_threshold_bytes: int | None = None
@@ -188,6 +189,18 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
         return False
     _pinned_threshold_bytes = threshold_bytes
     return True
+
+
+def keep_freed_heap(trim_threshold_bytes: int) -> bool:
+    """Let free() keep up to trim_threshold_bytes at the heap's top (glibc
+    M_TRIM_THRESHOLD) instead of returning it at once; False where libc has no
+    mallopt. With the mmap threshold pinned the trim threshold stays at glibc's
+    128 KiB, so buffers of a few hundred KiB freed and allocated again (an HTTP
+    body read in 256 KiB pieces) fault their pages in afresh every time: a 600 KB
+    POST took 2.4-2.8 ms instead of 1.5 ms in a bare aiohttp server."""
+    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        return False
+    return bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
 
 
 def release_memory(collect: bool = True) -> None:

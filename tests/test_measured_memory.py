@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -495,3 +496,42 @@ def test_the_sampler_wakes_only_while_a_task_runs(tmp_path: Path) -> None:
     # Idle between the jobs (30 ms apart) and at the end: the sampler sleeps.
     assert any(not sampling for running, sampling in seen if not running)
     assert seen[-1] == (0, False)
+
+
+@pytest.mark.parametrize("slack_mib, unmodelled_mib, trims", [
+    (0, 2, True), (4, 2, False), (4, 6, True)])
+def test_freed_heap_within_the_slack_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                             slack_mib: int, unmodelled_mib: int,
+                                             trims: bool) -> None:
+    """A daemon keeps up to heap_slack_bytes of freed heap (its requests' buffers, reused
+    instead of faulted in again); above it, or without a slack, the idle loop and a
+    stage unload return it to the OS as before."""
+    import masa.runtime.threads as threads
+    from masa.runtime.registry import make_policy
+    from masa.sched.core import new_state
+
+    trimmed: list[str] = []
+    monkeypatch.setattr(threads, "release_memory",
+                        lambda collect=True: trimmed.append("trim"))
+    backend = threads.ThreadBackend(
+        {}, lambda *args: {},
+        threads.RealRunConfig(workers=1, memory_budget_bytes=256 * MIB,
+                              memory_source="measured", heap_slack_bytes=slack_mib * MIB))
+    monkeypatch.setattr(backend, "_unmodelled_bytes",
+                        lambda state: _set_last(backend, unmodelled_mib * MIB))
+    state = new_state(1, 256 * MIB, make_policy("masa"))
+    backend.before_select(state)  # idle: nothing runs
+    assert trimmed == (["trim"] if trims else [])
+    trimmed.clear()
+    backend.pending_unload = True  # a stage was unloaded
+    backend.completions.put(None)
+    backend.wait(None)
+    assert trimmed == (["trim"] if trims else []) and not backend.pending_unload
+    # Whatever is kept, the core sees the budget less it.
+    assert state.ledger.budget_bytes == (256 - unmodelled_mib) * MIB
+
+
+def _set_last(backend: Any, unmodelled_bytes: int) -> int:
+    backend.last_unmodelled_bytes = unmodelled_bytes
+    return unmodelled_bytes
+

@@ -79,6 +79,7 @@ from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
 from model_prep.session import (
     EXECUTOR_MMAP_THRESHOLD_BYTES,
+    keep_freed_heap,
     load_stage,
     pin_malloc_threshold,
     release_memory,
@@ -108,6 +109,11 @@ class RealRunConfig:
     # masa-plan searches on a background thread (the loop never waits); False: inline,
     # deterministically, as in the simulator (tests compare the two dispatch orders)
     plan_in_background: bool = True
+    # Freed heap the process may keep (a daemon: its requests' buffers) rather than
+    # return to the OS and fault in again on the next request: free() keeps up to
+    # this much at the heap's top, and the loop trims only above it. 0: trim
+    # whenever something is unmodelled (a batch run, measured as closely as it can).
+    heap_slack_bytes: int = 0
 
 
 @dataclass
@@ -400,6 +406,7 @@ class ThreadBackend:
         self.meter = _ResidentMeter(self.stages.stage_file_bytes)
         self.decision_sample: ResidentSplit | None = None  # taken by before_select
         self.pending_unload = False
+        self.last_unmodelled_bytes: int | None = None  # at the last decision (measured)
         # (time_us, unmodelled bytes) of recent decisions, oldest first
         self.unmodelled_readings: collections.deque[tuple[int, int]] = collections.deque()
 
@@ -418,6 +425,8 @@ class ThreadBackend:
         # freed, so they do not stay in a worker's heap arena after their run
         # (model_prep.session.EXECUTOR_MMAP_THRESHOLD_BYTES says what it costs).
         pin_malloc_threshold(EXECUTOR_MMAP_THRESHOLD_BYTES)
+        if self.config.heap_slack_bytes:
+            keep_freed_heap(self.config.heap_slack_bytes)
         # ONNX Runtime's one-time setup (libraries paged in, thread pools) is paid
         # before the baseline, so it is not counted as the run's memory.
         warm_up(self.config.intra_op_threads)
@@ -479,7 +488,8 @@ class ThreadBackend:
         if self.pending_unload:
             # Sessions are only referenced from the stage store: dropping them frees
             # them; trimming returns the pages without a gc pass.
-            release_memory(collect=False)
+            if self._heap_over_slack():
+                release_memory(collect=False)
             self.pending_unload = False
         timeout_s = None if deadline_us is None else max(0.0, (deadline_us - self.now_us()) / 1e6)
         try:
@@ -503,7 +513,7 @@ class ThreadBackend:
             # Shrink the budget the core sees by memory held outside its model. This
             # reading is also the decision's sample (measured_bytes), one statm read.
             unmodelled_bytes = self._unmodelled_bytes(state)
-            if unmodelled_bytes and state.running_count == 0:
+            if unmodelled_bytes > self.config.heap_slack_bytes and state.running_count == 0:
                 # Nothing runs, so what the ledger does not hold is mostly heap that
                 # was freed but not returned: return it before it shrinks the budget
                 # (a task that no longer fits would run alone under the progress
@@ -513,6 +523,13 @@ class ThreadBackend:
             state.ledger.budget_bytes = max(
                 0, self.config.memory_budget_bytes - self._recent_unmodelled_bytes(
                     unmodelled_bytes))
+
+    def _heap_over_slack(self) -> bool:
+        """Whether the process may hold more freed heap than heap_slack_bytes lets it
+        keep: always without a slack, or without a reading (memory source model)."""
+        slack_bytes = self.config.heap_slack_bytes
+        last = self.last_unmodelled_bytes
+        return not slack_bytes or last is None or last > slack_bytes
 
     def _recent_unmodelled_bytes(self, unmodelled_bytes: int) -> int:
         """The largest reading of unmodelled memory within UNMODELLED_WINDOW_US."""
@@ -529,7 +546,8 @@ class ThreadBackend:
         """Measured memory beyond what the ledger reserves, from a new decision sample."""
         split, measured_bytes = self.meter.sample(self.now_us())
         self.decision_sample = split
-        return max(0, measured_bytes - state.ledger.reserved_bytes)
+        self.last_unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
+        return self.last_unmodelled_bytes
 
     def measured_bytes(self) -> int | None:
         split = self.decision_sample

@@ -128,6 +128,14 @@ def resolve_budget(config: ServeConfig) -> tuple[int, str]:
     return budget, how
 
 
+def heap_slack_bytes(budget_bytes: int) -> int:
+    """The freed heap the daemon keeps between requests (RealRunConfig): a request's
+    buffers (a 600 KB tensor is read in 256 KiB pieces and joined) are reused instead
+    of faulted in again, ~1 ms of each request. At most 1/64 of the budget, so what
+    it takes from the budget the core sees stays small."""
+    return min(4 * 2**20, budget_bytes // 64)
+
+
 def _mem_available_bytes() -> int:
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
@@ -231,7 +239,8 @@ class Service:
             config.manifests, self._inputs_for,
             RealRunConfig(workers=config.workers, memory_budget_bytes=self.budget_bytes,
                           policy=config.policy, memory_source=config.memory_source,
-                          intra_op_threads=config.intra_op_threads, keep_outputs=True))
+                          intra_op_threads=config.intra_op_threads, keep_outputs=True,
+                          heap_slack_bytes=heap_slack_bytes(self.budget_bytes)))
         self.driver = Driver(self.state, self.backend, context=controller,
                              observers=[_JobObserver(self)], forget_ended=True)
         # Journal records off the scheduler's thread, in order; None stops the writer.
