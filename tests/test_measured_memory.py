@@ -498,37 +498,55 @@ def test_the_sampler_wakes_only_while_a_task_runs(tmp_path: Path) -> None:
     assert seen[-1] == (0, False)
 
 
-@pytest.mark.parametrize("slack_mib, unmodelled_mib, trims", [
-    (0, 2, True), (4, 2, False), (4, 6, True)])
-def test_freed_heap_within_the_slack_is_kept(monkeypatch: pytest.MonkeyPatch,
-                                             slack_mib: int, unmodelled_mib: int,
-                                             trims: bool) -> None:
+def test_freed_heap_within_the_slack_above_what_a_trim_left_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A daemon keeps up to heap_slack_bytes of freed heap (its requests' buffers, reused
-    instead of faulted in again); above it, or without a slack, the idle loop and a
-    stage unload return it to the OS as before."""
+    instead of faulted in again) above what its last trim could not return; beyond
+    that the idle loop and a stage unload trim. Without a slack (a batch run) they trim
+    whenever anything is unmodelled, as before."""
     import masa.runtime.threads as threads
     from masa.runtime.registry import make_policy
     from masa.sched.core import new_state
 
-    trimmed: list[str] = []
-    monkeypatch.setattr(threads, "release_memory",
-                        lambda collect=True: trimmed.append("trim"))
-    backend = threads.ThreadBackend(
-        {}, lambda *args: {},
-        threads.RealRunConfig(workers=1, memory_budget_bytes=256 * MIB,
-                              memory_source="measured", heap_slack_bytes=slack_mib * MIB))
-    monkeypatch.setattr(backend, "_unmodelled_bytes",
-                        lambda state: _set_last(backend, unmodelled_mib * MIB))
-    state = new_state(1, 256 * MIB, make_policy("masa"))
-    backend.before_select(state)  # idle: nothing runs
-    assert trimmed == (["trim"] if trims else [])
-    trimmed.clear()
-    backend.pending_unload = True  # a stage was unloaded
-    backend.completions.put(None)
-    backend.wait(None)
-    assert trimmed == (["trim"] if trims else []) and not backend.pending_unload
-    # Whatever is kept, the core sees the budget less it.
-    assert state.ledger.budget_bytes == (256 - unmodelled_mib) * MIB
+    def backend_reading(slack_mib: int, readings_mib: list[float]) -> tuple[Any, list[str]]:
+        trimmed: list[str] = []
+        monkeypatch.setattr(threads, "release_memory",
+                            lambda collect=True: trimmed.append("trim"))
+        backend = threads.ThreadBackend(
+            {}, lambda *args: {},
+            threads.RealRunConfig(workers=1, memory_budget_bytes=256 * MIB,
+                                  memory_source="measured",
+                                  heap_slack_bytes=slack_mib * MIB))
+        queued = [round(mib * MIB) for mib in readings_mib]
+        monkeypatch.setattr(backend, "_unmodelled_bytes",
+                            lambda state: _set_last(backend, queued.pop(0)))
+        return backend, trimmed
+
+    def unload(backend: Any) -> None:
+        backend.pending_unload = True  # a stage was unloaded
+        backend.completions.put(None)
+        backend.wait(None)
+
+    state = new_state(1, 256 * MIB, make_policy("masa"))  # idle: nothing runs
+    backend, trimmed = backend_reading(4, [2, 6, 5, 8, 10, 3])
+    backend.before_select(state)  # 2 MiB: kept
+    assert trimmed == []
+    backend.before_select(state)  # 6 MiB > 0 + 4: trimmed, 5 MiB left (live)
+    assert trimmed == ["trim"] and backend.unreturned_bytes == 5 * MIB
+    assert state.ledger.budget_bytes == (256 - 5) * MIB  # less what the trim left
+    unload(backend)  # the last reading, 5 MiB, is what the trim left: kept
+    backend.before_select(state)  # 8 MiB <= 5 + 4: kept
+    assert trimmed == ["trim"]
+    backend.before_select(state)  # 10 MiB: trimmed, 3 MiB left
+    assert trimmed == ["trim", "trim"] and backend.unreturned_bytes == 3 * MIB
+
+    backend, trimmed = backend_reading(0, [2, 2, 0])
+    backend.before_select(state)  # no slack: anything unmodelled is trimmed
+    assert trimmed == ["trim"]
+    unload(backend)
+    assert trimmed == ["trim", "trim"]
+    backend.before_select(state)  # nothing unmodelled: nothing to trim
+    assert trimmed == ["trim", "trim"]
 
 
 def _set_last(backend: Any, unmodelled_bytes: int) -> int:

@@ -407,6 +407,8 @@ class ThreadBackend:
         self.decision_sample: ResidentSplit | None = None  # taken by before_select
         self.pending_unload = False
         self.last_unmodelled_bytes: int | None = None  # at the last decision (measured)
+        # Unmodelled memory a trim left (or less, read since with nothing running)
+        self.unreturned_bytes = 0
         # (time_us, unmodelled bytes) of recent decisions, oldest first
         self.unmodelled_readings: collections.deque[tuple[int, int]] = collections.deque()
 
@@ -488,7 +490,7 @@ class ThreadBackend:
         if self.pending_unload:
             # Sessions are only referenced from the stage store: dropping them frees
             # them; trimming returns the pages without a gc pass.
-            if self._heap_over_slack():
+            if not self._keeps_heap(self.last_unmodelled_bytes):
                 release_memory(collect=False)
             self.pending_unload = False
         timeout_s = None if deadline_us is None else max(0.0, (deadline_us - self.now_us()) / 1e6)
@@ -513,23 +515,29 @@ class ThreadBackend:
             # Shrink the budget the core sees by memory held outside its model. This
             # reading is also the decision's sample (measured_bytes), one statm read.
             unmodelled_bytes = self._unmodelled_bytes(state)
-            if unmodelled_bytes > self.config.heap_slack_bytes and state.running_count == 0:
-                # Nothing runs, so what the ledger does not hold is mostly heap that
-                # was freed but not returned: return it before it shrinks the budget
-                # (a task that no longer fits would run alone under the progress
-                # rule, over the real budget by as much).
-                release_memory(collect=False)
-                unmodelled_bytes = self._unmodelled_bytes(state)
+            if state.running_count == 0:
+                self.unreturned_bytes = min(self.unreturned_bytes, unmodelled_bytes)
+                if unmodelled_bytes and not self._keeps_heap(unmodelled_bytes):
+                    # Nothing runs, so what the ledger does not hold is mostly heap
+                    # that was freed but not returned: return it before it shrinks the
+                    # budget (a task that no longer fits would run alone under the
+                    # progress rule, over the real budget by as much).
+                    release_memory(collect=False)
+                    unmodelled_bytes = self._unmodelled_bytes(state)
+                    self.unreturned_bytes = unmodelled_bytes
             state.ledger.budget_bytes = max(
                 0, self.config.memory_budget_bytes - self._recent_unmodelled_bytes(
                     unmodelled_bytes))
 
-    def _heap_over_slack(self) -> bool:
-        """Whether the process may hold more freed heap than heap_slack_bytes lets it
-        keep: always without a slack, or without a reading (memory source model)."""
+    def _keeps_heap(self, unmodelled_bytes: int | None) -> bool:
+        """Whether freed heap may stay rather than be trimmed: a slack is configured,
+        memory was read, and the reading is within heap_slack_bytes above what the
+        last trim could not return (live objects: a daemon's caches, its heap's
+        fragments). Without that floor, a daemon whose heap grew by more than the
+        slack in a burst would trim, and fault its request buffers in, on every job."""
         slack_bytes = self.config.heap_slack_bytes
-        last = self.last_unmodelled_bytes
-        return not slack_bytes or last is None or last > slack_bytes
+        return (bool(slack_bytes) and unmodelled_bytes is not None
+                and unmodelled_bytes <= self.unreturned_bytes + slack_bytes)
 
     def _recent_unmodelled_bytes(self, unmodelled_bytes: int) -> int:
         """The largest reading of unmodelled memory within UNMODELLED_WINDOW_US."""
