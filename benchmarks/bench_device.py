@@ -362,11 +362,11 @@ def misjudged_store(store: Path, scale: float) -> Path:
             os.link(file, copy)
         raw = yaml.safe_load(manifest_path.read_text())
         for stage in raw["stages"]:
-            for profile in (stage.get("profile"), (stage.get("profile") or {}).get(
-                    "alternative")):
-                for field in PROFILE_MEMORY_FIELDS if profile else ():
-                    if field in profile:
-                        profile[field] = round(profile[field] * scale)
+            profile = stage.get("profile") or {}
+            for figures in (profile, profile.get("alternative") or {}):
+                for field in PROFILE_MEMORY_FIELDS:
+                    if field in figures:
+                        figures[field] = round(figures[field] * scale)
         atomic_write_text(target / network.name / MANIFEST_NAME,
                           yaml.safe_dump(raw, sort_keys=False))
     return target

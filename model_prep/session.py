@@ -197,7 +197,8 @@ def keep_freed_heap(trim_threshold_bytes: int) -> bool:
     mallopt. With the mmap threshold pinned the trim threshold stays at glibc's
     128 KiB, so buffers of a few hundred KiB freed and allocated again (an HTTP
     body read in 256 KiB pieces) fault their pages in afresh every time: a 600 KB
-    POST took 2.4-2.8 ms instead of 1.5 ms in a bare aiohttp server."""
+    POST took 2.4-3.4 ms instead of 1.5 ms in a bare aiohttp server (p50 of four
+    and two runs)."""
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
     return bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)

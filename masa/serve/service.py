@@ -410,11 +410,12 @@ class Service:
             self._decoding.acquire()
         try:
             job_input = decode_body(body, content_type, self.limits)
-            if on_loop:
-                if not self._takes_as_is(graph, job_input):
-                    return None
-            else:  # a tensor taken as it is needs no check beyond its shape and dtype
+            if not on_loop:
                 self._check_entry_inputs(graph, job_input)
+            elif not self._takes_as_is(graph, job_input):
+                # Decoded again in a thread, with the full check; a tensor the networks
+                # take as it is needs no check beyond its shape and dtype.
+                return None
         except TooLarge as error:
             raise ServeError(413, str(error), "too_large") from None
         except (BadInput, ValueError) as error:
