@@ -24,6 +24,7 @@ and its PNG are written from the results file after every run, with the cells
 not run yet marked as missing.
 
     sudo python benchmarks/bench_device.py [--cache DIR] [--max-minutes M] [--only small,mixed]
+    sudo python benchmarks/bench_device.py --rerun 'mixed|512MiB|rho0.7'   # after a change
     python benchmarks/bench_device.py --doc-only          # re-render from the results
 """
 
@@ -376,7 +377,12 @@ def run_grid(args: argparse.Namespace) -> None:
     cells = [c for c in grid() if (not args.only or c.scenario in args.only)
              and (c.store == "mmap" or args.copy_cache is not None)]
     results = load_results(args.results)
-    done = {(r["key"], r["policy"]) for r in results}
+    commit = _commit()
+    # A cell to run again counts as done only for the runs made on this very commit,
+    # so that an interrupted rerun resumes where it stopped.
+    done = {(r["key"], r["policy"]) for r in results
+            if not any(r["key"].startswith(prefix) for prefix in args.rerun)
+            or r["commit"] == commit}
     bases: dict[str, int] = {}
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
@@ -724,6 +730,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="start no run after this many minutes (default 60)")
     parser.add_argument("--only", type=lambda t: set(t.split(",")), default=set(),
                         help="only these scenarios (comma-separated)")
+    parser.add_argument("--rerun", type=lambda t: [k for k in t.split(",") if k], default=[],
+                        help="run again the cells whose key starts with one of these "
+                             "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'), unless "
+                             "already run on this commit; the page shows the latest runs")
     parser.add_argument("--doc-only", action="store_true",
                         help="re-render the page from the results file")
     parser.add_argument("--resimulate", action="store_true",

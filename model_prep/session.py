@@ -20,7 +20,10 @@ chose (`Stage.prepack`, decided per stage by the profiler):
   "mmap") stay mapped instead of copied (level ALL turns conv weights into
   blocked NCHWc copies even without prepacking). `load_stage` then reads the
   data file's pages into the page cache itself (`read_in`), so the storage I/O
-  happens in the LOAD and the EXEC runs on resident pages;
+  happens in the LOAD and the EXEC runs on resident pages. An executor loads
+  through `load_stage_locked` instead, which also locks those pages in memory
+  (`lock_in`) until the stage is unloaded, so that they are still resident
+  when its EXEC comes;
 - prepack=True: ONNX Runtime's defaults (level ALL, prepacked weights): a
   private copy of the weights, worth it where the profiler measured that the
   copy pays for itself in one run.
@@ -99,6 +102,19 @@ def load_stage(
     return session
 
 
+def load_stage_locked(
+    model_path: str | Path, prepack: bool, mapped_bytes: int,
+    intra_op_threads: int = DEFAULT_INTRA_OP_THREADS,
+) -> tuple[ort.InferenceSession, LockedPages | None]:
+    """An executor's LOAD: `load_stage`, with the mapped weights locked in memory
+    until the caller unlocks them (at the stage's unload); None: nothing to lock,
+    or the kernel refused the lock (the weights are then only read in)."""
+    session = create_session(model_path, intra_op_threads, prepack)
+    if not mapped_bytes or prepack:
+        return session, None
+    return session, lock_in(f"{model_path}.data")
+
+
 # Linux >= 5.14: fault every page of a mapping in, reading from storage as needed,
 # without copying anything into the process.
 _MADV_POPULATE_READ = 22
@@ -125,6 +141,64 @@ def read_in(path: str | Path) -> int:
     return size
 
 
+class LockedPages:
+    """A file mapped and its pages locked in memory (mlock) until `unlock()`.
+
+    Pages a LOAD read in are page cache that nothing has used twice. Under the
+    memory cap the kernel reclaims those first, before the pages of stages that
+    have already run (used twice, so on its active list): a stage loaded ahead of
+    its EXEC then read its weights again, from storage, inside the EXEC
+    (emulated Pi 4 at 512 MiB: Masa's EXECs took 20-49x their profiled time,
+    docs/bench-device.md). Locked, they cannot be reclaimed; the ledger has
+    counted them as the stage's memory since its LOAD, so locking them asks for
+    nothing the budget has not granted.
+    """
+
+    def __init__(self, address: int, size_bytes: int) -> None:
+        self._address: int | None = address
+        self.size_bytes = size_bytes
+
+    @property
+    def locked(self) -> bool:
+        return self._address is not None
+
+    def unlock(self) -> None:
+        """Unmap the file, which unlocks its pages (they stay cached until reclaimed)."""
+        if self._address is not None and _LIBC is not None:
+            _LIBC.munmap(ctypes.c_void_p(self._address), ctypes.c_size_t(self.size_bytes))
+        self._address = None
+
+    def __del__(self) -> None:  # a dropped holder must not keep memory locked
+        self.unlock()
+
+
+def lock_in(path: str | Path) -> LockedPages | None:
+    """Read a file's pages in and keep them locked in memory (`LockedPages`).
+
+    mlock faults every page in, reading from storage as needed, like
+    `read_in`. None where nothing is locked: an empty file, or the kernel
+    refused (a process without CAP_IPC_LOCK may lock only RLIMIT_MEMLOCK bytes,
+    `ulimit -l`, often 8 MiB); the file is then read in as `read_in` does.
+    """
+    if _LIBC is None or not hasattr(_LIBC, "mlock"):
+        read_in(path)
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else None
+    finally:
+        os.close(fd)
+    if size == 0:
+        return None
+    if address is not None and address != _MAP_FAILED:
+        if _LIBC.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size)) == 0:
+            return LockedPages(address, size)
+        _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+    read_in(path)
+    return None
+
+
 def _touch_pages(view: mmap.mmap, size: int) -> None:
     if hasattr(mmap, "MADV_WILLNEED"):
         view.madvise(mmap.MADV_WILLNEED)  # start reading ahead while we fault pages in
@@ -143,12 +217,18 @@ def warm_up(intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> None:
 def _load_libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name or "libc.so.6")
+        libc = ctypes.CDLL(name or "libc.so.6")
     except OSError:
         return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    return libc
 
 
 _LIBC = _load_libc()
+_PROT_READ, _MAP_SHARED = 1, 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 # glibc mallopt(M_MMAP_THRESHOLD): setting it also turns off its dynamic growth.
 _M_MMAP_THRESHOLD = -3

@@ -11,6 +11,8 @@ and older manifests still load.
 from __future__ import annotations
 
 import mmap
+import os
+import resource
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +22,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from masa.cli.main import main as masa_main
-from masa.common.procmem import process_memory_bytes
+from masa.common.procmem import page_cache_bytes, process_memory_bytes
+from masa.runtime.emulation import evict_files
+from masa.runtime.threads import _Stages
+from masa.sched.taskgraph import Task, TaskKind
+from model_prep import session as session_module
 from model_prep.manifest import (
     MANIFEST_NAME,
     NetworkManifest,
@@ -35,6 +41,7 @@ from model_prep.session import (
     WARMUP_INPUT_SHAPE,
     WARMUP_MODEL_PATH,
     load_stage,
+    lock_in,
     read_in,
     release_memory,
     warm_up,
@@ -178,6 +185,69 @@ def test_read_in_brings_every_page_in_with_or_without_populate(
     assert touched == list(range(0, 3 * MIB, mmap.PAGESIZE))
     (tmp_path / "empty").touch()
     assert read_in(tmp_path / "empty") == 0
+
+
+def _locked_bytes() -> int:
+    """VmLck: the bytes this process has locked in memory."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmLck:"))
+    return int(line.split()[1]) * 1024
+
+
+def _can_lock(size_bytes: int) -> bool:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 2 * size_bytes
+
+
+def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "weights.data"
+    path.write_bytes(np.arange(3 * MIB // 8, dtype=np.int64).tobytes())
+    if not _can_lock(3 * MIB):
+        pytest.skip("RLIMIT_MEMLOCK below 6 MiB and not root: mlock is refused here")
+    evict_files([path])
+    before = _locked_bytes()
+    locked = lock_in(path)
+    assert locked is not None and locked.locked
+    assert _locked_bytes() - before == 3 * MIB
+    assert page_cache_bytes(path) == 3 * MIB  # read in by the lock itself
+    locked.unlock()
+    locked.unlock()  # idempotent
+    assert _locked_bytes() == before and not locked.locked
+    (tmp_path / "empty").touch()
+    assert lock_in(tmp_path / "empty") is None
+
+    # Refused (RLIMIT_MEMLOCK, no CAP_IPC_LOCK): the file is read in all the same,
+    # and nothing stays mapped.
+    monkeypatch.setattr(session_module._LIBC, "mlock", lambda address, size: -1)
+    evict_files([path])
+    assert lock_in(path) is None
+    assert page_cache_bytes(path) == 3 * MIB
+    assert _locked_bytes() == before
+    with open("/proc/self/maps") as maps:
+        assert str(path) not in maps.read()
+
+
+def test_the_executor_locks_mapped_weights_from_load_to_unload(tmp_path: Path,
+                                                               fc_source: Path) -> None:
+    mapped = split_model(fc_source, tmp_path / "mapped", "fc")
+    mapped = replace(mapped, stages=tuple(replace(s, prepack=False) for s in mapped.stages))
+    weights = sum(s.mapped_bytes for s in mapped.stages)
+    if not _can_lock(weights):
+        pytest.skip("RLIMIT_MEMLOCK below the weights and not root: mlock is refused here")
+    stages = _Stages({"fc": mapped}, intra_op_threads=1)
+    before = _locked_bytes()
+    loads = [Task(f"j{job}/fc/{s.stage_id}/load", TaskKind.LOAD, 0, 0, group=f"j{job}/fc",
+                  network="fc", stage_id=s.stage_id) for job in (0, 1) for s in mapped.stages]
+    for task in loads:
+        stages.run_task(task)
+    locked = _locked_bytes() - before
+    assert locked >= 2 * weights  # each job's LOAD locks its own mapping of the file
+    stages.release(loads[0])  # an unload unlocks that stage's pages
+    assert _locked_bytes() - before == locked - mapped.stages[0].mapped_bytes
+    stages.drop_group("j0/fc")  # a failed or cancelled network unlocks the rest
+    stages.drop_group("j1/fc")
+    assert _locked_bytes() == before and not stages.locked_weights
 
 
 def _profile(load_time_us: int, exec_time_us: int, peak_bytes: int) -> StageProfile:

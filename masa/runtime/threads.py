@@ -7,8 +7,10 @@ only carries dispatches out and reports completions:
 - `start` hands a task to its worker's queue; `wait` blocks on the completion
   queue until a task ends, a job is submitted or the next arrival is due (no
   polling);
-- a LOAD creates the stage's session (model_prep.session.load_stage) and
-  keeps it under (group, stage); an EXEC runs the stage on tensors of the
+- a LOAD creates the stage's session (model_prep.session.load_stage_locked:
+  its mapped weights read in and locked in memory until the unload, so that
+  the page cache cannot drop them before the EXEC) and keeps it under
+  (group, stage); an EXEC runs the stage on tensors of the
   job's tensor store, with its own RunOptions so that CA-preempt can stop it;
 - a network instance's input tensors are made when its first EXEC is
   dispatched (by then the upstream outputs a derived input needs exist);
@@ -79,8 +81,9 @@ from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from model_prep.manifest import NetworkManifest, Stage
 from model_prep.session import (
     EXECUTOR_MMAP_THRESHOLD_BYTES,
+    LockedPages,
     keep_freed_heap,
-    load_stage,
+    load_stage_locked,
     pin_malloc_threshold,
     release_memory,
     warm_up,
@@ -324,6 +327,9 @@ class _Stages:
         # Loaded stages' mapped weights: data file and its bytes in memory, measured
         # when the LOAD ended.
         self.weights_in_memory: dict[tuple[str, str], tuple[str, int]] = {}
+        # ... and locked in memory until the unload (model_prep.session.LockedPages).
+        self.locked_weights: dict[tuple[str, str], LockedPages] = {}
+        self.warned_unlocked = False
         self.lock = threading.Lock()
 
     def run_task(self, task: Task) -> None:
@@ -331,15 +337,20 @@ class _Stages:
         key = (task.group, task.stage_id)
         if task.kind is TaskKind.LOAD:
             path = self.manifests[task.network].stage_path(stage)
-            session = load_stage(path, stage.prepack, stage.mapped_bytes, self.intra_op_threads)
+            session, locked = load_stage_locked(path, stage.prepack, stage.mapped_bytes,
+                                                self.intra_op_threads)
             # Mapped weights (not copied by prepacking) are the stage's from now on.
             data_path = f"{path}.data"
-            in_memory_bytes = (page_cache_bytes(data_path) or 0
-                               if stage.mapped_bytes and not stage.prepack else 0)
+            mapped = bool(stage.mapped_bytes and not stage.prepack)
+            in_memory_bytes = page_cache_bytes(data_path) or 0 if mapped else 0
+            if mapped and locked is None:
+                self._warn_unlocked(data_path)
             with self.lock:
                 self.sessions[key] = session
                 if in_memory_bytes:
                     self.weights_in_memory[key] = (data_path, in_memory_bytes)
+                if locked is not None:
+                    self.locked_weights[key] = locked
             return
         if task.kind is not TaskKind.EXEC:
             raise RuntimeError(f"task {task.task_id}: the real executor has no {task.kind.value}")
@@ -359,16 +370,32 @@ class _Stages:
             for name, value in zip(names, values, strict=True):
                 self.tensors[(task.group, name)] = value
 
+    def _warn_unlocked(self, data_path: str) -> None:
+        if not self.warned_unlocked:
+            self.warned_unlocked = True
+            log.warning("could not lock %s in memory (mlock: no CAP_IPC_LOCK and "
+                        "RLIMIT_MEMLOCK below its size; raise it with ulimit -l or "
+                        "LimitMEMLOCK=): under memory pressure a stage loaded ahead may "
+                        "read its weights from storage again in its EXEC", data_path)
+
     def release(self, opener: Task) -> bool:
         """Free what a lock opened by `opener` stood for; True when a session was unloaded."""
+        if opener.kind is TaskKind.LOAD:
+            return self._unload((opener.group, opener.stage_id))
         with self.lock:
-            if opener.kind is TaskKind.LOAD:
-                self.weights_in_memory.pop((opener.group, opener.stage_id), None)
-                return self.sessions.pop((opener.group, opener.stage_id), None) is not None
             stage = self.stages[(opener.network, opener.stage_id)]
             for tensor in stage.outputs:
                 self.tensors.pop((opener.group, tensor.name), None)
-            return False
+        return False
+
+    def _unload(self, key: tuple[str, str]) -> bool:
+        with self.lock:
+            self.weights_in_memory.pop(key, None)
+            locked = self.locked_weights.pop(key, None)
+            unloaded = self.sessions.pop(key, None) is not None
+        if locked is not None:
+            locked.unlock()  # outside the lock: unmapping a large locked file takes a while
+        return unloaded
 
     def stage_file_bytes(self) -> int:
         """The loaded stages' mapped weights in memory, in bytes: a stage loaded by two
@@ -378,9 +405,10 @@ class _Stages:
 
     def drop_group(self, group: str) -> None:
         with self.lock:
-            for key in [k for k in self.sessions if k[0] == group]:
-                del self.sessions[key]
-                self.weights_in_memory.pop(key, None)
+            loaded = [key for key in self.sessions if key[0] == group]
+        for key in loaded:
+            self._unload(key)
+        with self.lock:
             for key in [k for k in self.tensors if k[0] == group]:
                 del self.tensors[key]
 
