@@ -64,6 +64,7 @@ from masa.common.procmem import (
     page_cache_bytes,
     peak_rss_bytes,
     process_memory_bytes,
+    read_cgroup_memory,
     reset_peak,
     resident_split,
 )
@@ -371,12 +372,18 @@ class _Stages:
                 self.tensors[(task.group, name)] = value
 
     def _warn_unlocked(self, data_path: str) -> None:
-        if not self.warned_unlocked:
-            self.warned_unlocked = True
-            log.warning("could not lock %s in memory (mlock: no CAP_IPC_LOCK and "
-                        "RLIMIT_MEMLOCK below its size; raise it with ulimit -l or "
-                        "LimitMEMLOCK=): under memory pressure a stage loaded ahead may "
-                        "read its weights from storage again in its EXEC", data_path)
+        """Say once that weights go unlocked: a warning under a memory limit, where
+        the kernel will reclaim them, a note elsewhere."""
+        if self.warned_unlocked:
+            return
+        self.warned_unlocked = True
+        cgroup = find_memory_cgroup()
+        capped = cgroup is not None and read_cgroup_memory(cgroup).limit_bytes is not None
+        log.log(logging.WARNING if capped else logging.INFO,
+                "could not lock %s in memory (mlock: no CAP_IPC_LOCK and RLIMIT_MEMLOCK "
+                "below its size; raise it with ulimit -l or LimitMEMLOCK=): under memory "
+                "pressure a stage loaded ahead may read its weights from storage again in "
+                "its EXEC", data_path)
 
     def release(self, opener: Task) -> bool:
         """Free what a lock opened by `opener` stood for; True when a session was unloaded."""
