@@ -35,6 +35,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -55,11 +56,14 @@ from masa.runtime.emulation import check_emulation, run_emulated
 from masa.runtime.runner import PreparedRun, RunSettings, prepare_run
 from masa.sched.jobs import network_time_us
 from masa.sched.taskgraph import TaskKind
-from model_prep.manifest import MANIFEST_NAME
+from model_prep.manifest import MANIFEST_NAME, load_manifest
+from model_prep.session import EXECUTOR_MMAP_THRESHOLD_BYTES, load_stage, pin_malloc_threshold
 from workloads.generation import scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "bench-device.jsonl"
+CPU_RESULTS = ROOT / "benchmarks" / "results" / "bench-device-cpu.json"
+CPU_NETWORK = "tinyyolo"  # the calibration's network: the zoo's longest EXECs at scale 1
 DOC = ROOT / "docs" / "bench-device.md"
 PNG = ROOT / "docs" / "bench-device.png"
 BOARD = "pi4-1g"
@@ -208,20 +212,26 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "major_faults": emulation.get("major_faults"),
         "over_commits": summary.get("over_commits"),
         "exec_ratio": exec_ratio(report),
+        "load_ratio": exec_ratio(report, "load"),
     }
 
 
-def exec_ratio(report: dict[str, Any]) -> float | None:
-    """The run's EXEC time per profiled EXEC time (the CPU it really had)."""
-    graph_exec_us = report.get("meta", {}).get("profiled_exec_us")
-    spent_us = sum(n["exec_us"] for j in report.get("jobs", []) for n in j["networks"])
-    if not graph_exec_us or not spent_us:
+def exec_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
+    """The run's EXEC (or LOAD) time per profiled time (the CPU, and for LOADs the
+    storage, it really had), over the networks that ran to their end (CA-wait
+    skips some, CA-preempt aborts some)."""
+    profiled_us = report.get("meta", {}).get(f"profiled_{kind}_us_by_network") or {}
+    done = [n for j in report.get("jobs", []) for n in j["networks"]
+            if n["status"] == "done" and n["network"] in profiled_us]
+    spent_us = sum(n[f"{kind}_us"] for n in done)
+    graph_us = sum(profiled_us[n["network"]] for n in done)
+    if not graph_us or not spent_us:
         return None
-    return round(spent_us / graph_exec_us, 3)
+    return round(spent_us / graph_us, 3)
 
 
 def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
-               base_bytes: int) -> dict[str, Any]:
+               base_bytes: int, cpu: dict[str, Any] | None) -> dict[str, Any]:
     """One policy of one cell: for real on the emulated device, then simulated."""
     budget_bytes = cell.budget_mib * MIB
     device = board(base_bytes + budget_bytes)
@@ -233,10 +243,9 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
     wall_s = time.perf_counter() - started_s
     if run.status == "failed":
         raise SystemExit(f"{cell.key} {policy}: {run.reason}")
-    profiled_exec_us = _profiled_exec_us(prepared)
     real = emulated_report(run.as_dict(), run.report, policy=policy, workers=cell.workers,
                            jobs=len(prepared.jobs))
-    real.setdefault("meta", {})["profiled_exec_us"] = profiled_exec_us
+    real.setdefault("meta", {}).update(_profiled_us_by_network(prepared))
     record = {"key": cell.key, "policy": policy, **cell.__dict__, "jobs": len(prepared.jobs),
               "commit": _commit(),
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -244,30 +253,92 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
               "cap_mib": round(device.memory_cap_bytes / MIB, 1), "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
-        record.update(simulate(cell, policy, prepared, device, base_bytes,
-                               record["real"]["exec_ratio"]))
+        record.update(simulate(cell, policy, prepared, device, base_bytes, cpu))
     return record
 
 
 def simulate(cell: Cell, policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cpu_factor: float | None) -> dict[str, Any]:
+             cpu: dict[str, Any] | None) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    with the CPU the real run had (its EXEC time / the profile's: "simulated_cpu")."""
+    with this machine's CPU as calibrated (`measure_cpu`: one factor for a task alone,
+    one for a task beside another; "simulated_cpu")."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
-    meta = {"workload": cell.scenario, "profiled_exec_us": _profiled_exec_us(prepared)}
+    meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     figures = {}
-    for name, factor in (("simulated", 1.0), ("simulated_cpu", cpu_factor)):
-        if factor is not None:
-            report = simulated_device_report(prepared, settings, device_model(
-                prepared.manifests, device, base_bytes, factor), device, meta)
-            figures[name] = {**_stats(report), "cpu_factor": factor}
+    factors = [("simulated", 1.0, None)]
+    if cpu is not None:
+        factors.append(("simulated_cpu", cpu["alone"], cpu["shared"]))
+    for name, alone, shared in factors:
+        report = simulated_device_report(prepared, settings, device_model(
+            prepared.manifests, device, base_bytes, alone, shared), device, meta)
+        figures[name] = {**_stats(report), "cpu_factor": alone, "shared_cpu_factor": shared}
     return figures
 
 
-def _profiled_exec_us(prepared: PreparedRun) -> int:
-    return sum(task.duration_us for task in prepared.graph.tasks
-               if task.kind is not TaskKind.LOAD)
+def measure_cpu(cache: Path, network: str = CPU_NETWORK, runs: int = 8) -> dict[str, Any]:
+    """This machine's CPU time per profiled CPU time: `network`'s stages run end to end
+    `runs` times alone, then in two threads at once (ONNX Runtime releases the GIL),
+    warm (page cache and sessions), one intra-op thread as in every run."""
+    pin_malloc_threshold(EXECUTOR_MMAP_THRESHOLD_BYTES)
+    manifest = load_manifest(cache / network)
+    profiled_us = sum(stage.profile.exec_time_us for stage in manifest.stages
+                      if stage.profile is not None)
+    chains = [[load_stage(manifest.stage_path(s), s.prepack, s.mapped_bytes)
+               for s in manifest.stages] for _ in range(2)]
+    feeds = {i.name: np.random.default_rng(0).standard_normal(
+        [d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
+        for i in chains[0][0].get_inputs()}
+
+    def run_chain(sessions: list[Any], times_us: list[float]) -> None:
+        for _ in range(runs + 1):  # the first is a warm-up
+            started = time.perf_counter()
+            tensors = dict(feeds)
+            for session in sessions:
+                names = [o.name for o in session.get_outputs()]
+                outputs = session.run(names, {i.name: tensors[i.name]
+                                              for i in session.get_inputs()})
+                tensors.update(zip(names, outputs, strict=True))
+            times_us.append((time.perf_counter() - started) * 1e6)
+        del times_us[0]
+
+    alone: list[float] = []
+    run_chain(chains[0], alone)
+    shared: list[list[float]] = [[], []]
+    threads = [threading.Thread(target=run_chain, args=(chains[k], shared[k])) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"network": network, "runs": runs, "profiled_exec_ms": round(profiled_us / 1e3, 1),
+            "alone": round(float(np.median(alone)) / profiled_us, 3),
+            "shared": round(float(np.median(shared[0] + shared[1])) / profiled_us, 3),
+            "commit": _commit(), "load_before": round(os.getloadavg()[0], 2),
+            "measured": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+def cpu_calibration(args: argparse.Namespace) -> dict[str, Any]:
+    """The recorded calibration, measured first when missing or asked for."""
+    if args.calibrate_cpu or not args.cpu_results.is_file():
+        found = measure_cpu(args.cache)
+        atomic_write_text(args.cpu_results, json.dumps(found, indent=1) + "\n")
+        print(f"CPU: alone {found['alone']}x, two at once {found['shared']}x the profile "
+              f"({found['network']})", flush=True)
+    return json.loads(args.cpu_results.read_text())
+
+
+def _profiled_us_by_network(prepared: PreparedRun) -> dict[str, dict[str, int]]:
+    """Each network's profiled EXEC and LOAD time (every instance of a network has
+    the same), under the report meta's names that `exec_ratio` reads."""
+    by_kind: dict[str, dict[str, int]] = {"exec": {}, "load": {}}
+    network_of: dict[str, str] = {}
+    for task in prepared.graph.tasks:
+        times = by_kind["load" if task.kind is TaskKind.LOAD else "exec"]
+        times[task.group] = times.get(task.group, 0) + task.duration_us
+        network_of[task.group] = task.network
+    return {f"profiled_{kind}_us_by_network":
+            {network_of[group]: us for group, us in times.items()}
+            for kind, times in by_kind.items()}
 
 
 def measure_base(cell: Cell, cache: Path, workload: Path) -> int:
@@ -318,9 +389,10 @@ def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple
 
 
 def resimulate(args: argparse.Namespace) -> None:
-    """Simulate every recorded run again with today's simulator (the real figures stay):
-    the CPU factor of a killed run is the mean of its cell's finished runs'."""
+    """Simulate every recorded run again with today's simulator and CPU calibration
+    (the real figures stay)."""
     results = load_results(args.results)
+    cpu = cpu_calibration(args)
     cells = {c.key: c for c in grid()}
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -331,13 +403,9 @@ def resimulate(args: argparse.Namespace) -> None:
             workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps)
             prepared = prepare_run(workload, store_of(cell, args), cell.context)
             base_bytes = round(record["base_mib"] * MIB)
-            ratios = [r["real"]["exec_ratio"] for r in results
-                      if r["key"] == record["key"] and r["real"].get("exec_ratio")]
-            factor = record["real"].get("exec_ratio") or (
-                float(np.mean(ratios)) if ratios else 1.0)
+            record.pop("simulated_cpu", None)
             record.update(simulate(cell, record["policy"], prepared,
-                                   board(base_bytes + cell.budget_mib * MIB), base_bytes,
-                                   factor))
+                                   board(base_bytes + cell.budget_mib * MIB), base_bytes, cpu))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -384,6 +452,7 @@ def run_grid(args: argparse.Namespace) -> None:
             if not any(r["key"].startswith(prefix) for prefix in args.rerun)
             or r["commit"] == commit}
     bases: dict[str, int] = {}
+    cpu = cpu_calibration(args)
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -396,7 +465,7 @@ def run_grid(args: argparse.Namespace) -> None:
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
-            record = run_policy(cell, policy, store, workload, bases[base_key])
+            record = run_policy(cell, policy, store, workload, bases[base_key], cpu)
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "
@@ -498,9 +567,16 @@ def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
 
 def calibration_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
-    for side, title in (("simulated", "With the profile's CPU times"),
-                        ("simulated_cpu", "With the CPU each real run had (its EXEC time / "
-                                          "the profile's; a killed run: its cell's mean)")):
+    calibrated = next((r["simulated_cpu"] for r in results
+                       if (r.get("simulated_cpu") or {}).get("shared_cpu_factor")), None)
+    sides = [("simulated", "With the profile's CPU times")]
+    if calibrated is not None:
+        sides.append(("simulated_cpu", (
+            f"With this machine's CPU as calibrated (`measure_cpu`, "
+            f"benchmarks/results/bench-device-cpu.json): a task alone takes "
+            f"{calibrated['cpu_factor']}x its profiled time, one beside another "
+            f"{calibrated['shared_cpu_factor']}x")))
+    for side, title in sides:
         found = calibration(results, side)
         errors, gaps, kills = found["mean_errors"], found["ratio_gaps_pp"], found["kills"]
         lines += [f"{title}:", "", f"- Runs where both finished: {len(errors)}."]
@@ -726,6 +802,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the cells with copied weights (skipped without it)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--cpu-results", type=Path, default=CPU_RESULTS,
+                        help="this machine's CPU calibration (measured when missing)")
+    parser.add_argument("--calibrate-cpu", action="store_true",
+                        help="measure the CPU calibration again (on a quiet machine)")
     parser.add_argument("--max-minutes", type=float, default=60.0,
                         help="start no run after this many minutes (default 60)")
     parser.add_argument("--only", type=lambda t: set(t.split(",")), default=set(),

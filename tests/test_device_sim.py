@@ -146,6 +146,23 @@ def test_concurrent_cold_loads_share_the_storage() -> None:
     assert sorted(_durations(result, "load")) == [100 + MB, 100 + 2 * MB]
 
 
+def test_tasks_that_run_side_by_side_take_the_shared_cpu_factor() -> None:
+    """Alone a task takes cpu_factor x its profile; dispatched beside another (together,
+    or while one runs) shared_cpu_factor x, whichever of them started first."""
+    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5, shared_cpu_factor=2.0)
+    alone = simulate_graph(chain_network(0, 0, [100], load_us=100, exec_us=400), workers=2,
+                           memory_budget_bytes=10_000, device=device)
+    assert _durations(alone, "load") == [50] and _durations(alone, "exec") == [200]
+    together = simulate_graph(merge([chain_network(0, 0, [100], load_us=100),
+                                     chain_network(1, 1, [100], load_us=100)]),
+                              workers=2, memory_budget_bytes=10_000, device=device)
+    assert _durations(together, "load") == [200, 200]
+    one_worker = simulate_graph(merge([chain_network(0, 0, [100], load_us=100),
+                                       chain_network(1, 1, [100], load_us=100)]),
+                                workers=1, memory_budget_bytes=10_000, device=device)
+    assert _durations(one_worker, "load") == [50, 50]  # one after the other: each alone
+
+
 def test_a_simulated_device_run_keeps_context_aware_conditions(tmp_path) -> None:
     """CA-wait on a simulated device: a downstream network whose label is never drawn
     is skipped, so its stage files are never read from the card."""

@@ -9,7 +9,8 @@ masa.runtime.driver's, shared with the real executor.
 
 With a `DeviceModel` (issue 12) the clock also knows a small device's storage
 and memory (`DeviceBackend`): a LOAD takes its profiled (warm) time (times the
-device's CPU factor, as does an EXEC) plus the
+device's CPU factor, as does an EXEC: one factor for a task that starts alone,
+another for one that starts beside a running task) plus the
 bytes of its stage files that are not in the simulated page cache divided by
 the storage's read bandwidth, after the reads queued before it (one storage,
 first come first served); the page cache is an LRU of stage files whose
@@ -126,8 +127,19 @@ class DeviceModel:
     stages: Mapping[tuple[str, str], StageStorage]  # (network, stage id) -> storage
     cold_cache: bool = True
     # The device's CPU time per profiled CPU time (a slower core, or a machine shared
-    # with other work): scales EXECs and the LOADs' parse/setup time.
+    # with other work): scales EXECs and the LOADs' parse/setup time. A task that
+    # starts while another runs takes shared_cpu_factor instead (None: the same),
+    # since cores that share caches and memory bandwidth, or a host's hyperthreads,
+    # run two tasks at once slower than one alone.
     cpu_factor: float = 1.0
+    shared_cpu_factor: float | None = None
+
+    def cpu_us(self, duration_us: int, running_tasks: int) -> int:
+        """A task's CPU time on the device: its profiled time, scaled by the factor
+        for the number of tasks running as it starts (itself included)."""
+        shared = self.shared_cpu_factor
+        factor = self.cpu_factor if running_tasks <= 1 or shared is None else shared
+        return round(duration_us * factor)
 
     def read_us(self, read_bytes: int) -> int:
         if not self.read_bytes_per_s or read_bytes <= 0:
@@ -187,6 +199,8 @@ class DeviceBackend(VirtualBackend):
         self.cache = _PageCache()
         self.mapped_loaded_bytes = 0
         self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
+        # Started since the last wait: (sequence, task id, profiled us, storage us).
+        self._starting: list[tuple[int, str, int, int]] = []
         self._state: SchedulerState | None = None
         if not device.cold_cache:
             for key, storage in device.stages.items():
@@ -221,9 +235,18 @@ class DeviceBackend(VirtualBackend):
             extra_us = self._queued_read_us(self.device.read_us(self._reread_bytes(storage)))
         self._sequence += 1
         self._running.add(task.task_id)
-        cpu_us = round(task.duration_us * self.device.cpu_factor)
-        heapq.heappush(self._finishes, (self.clock_us + cpu_us + extra_us,
-                                        self._sequence, task.task_id))
+        # Its end is fixed at the next wait, once every task of this decision has
+        # started: tasks dispatched together share the CPU alike.
+        self._starting.append((self._sequence, task.task_id, task.duration_us, extra_us))
+
+    def wait(self, deadline_us: int | None) -> list[Completion]:
+        running = len(self._running)
+        for sequence, task_id, duration_us, extra_us in self._starting:
+            if task_id in self._running:
+                end_us = self.clock_us + self.device.cpu_us(duration_us, running) + extra_us
+                heapq.heappush(self._finishes, (end_us, sequence, task_id))
+        self._starting.clear()
+        return super().wait(deadline_us)
 
     def _queued_read_us(self, read_us: int) -> int:
         """The wait for the storage (one read at a time, first come first served, as
