@@ -164,9 +164,11 @@ class LockedPages:
 
     def unlock(self) -> None:
         """Unmap the file, which unlocks its pages (they stay cached until reclaimed)."""
-        if self._address is not None and _LIBC is not None:
-            _LIBC.munmap(ctypes.c_void_p(self._address), ctypes.c_size_t(self.size_bytes))
-        self._address = None
+        # Forget the address first: unmapping twice could unmap whatever the kernel
+        # has mapped there since (an interrupt may land between the two lines).
+        address, self._address = self._address, None
+        if address is not None and _LIBC is not None:
+            _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(self.size_bytes))
 
     def __del__(self) -> None:  # a dropped holder must not keep memory locked
         self.unlock()
