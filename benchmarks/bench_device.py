@@ -211,12 +211,12 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "read_mib": round(emulation.get("bytes_read", 0) / MIB, 1),
         "major_faults": emulation.get("major_faults"),
         "over_commits": summary.get("over_commits"),
-        "exec_ratio": exec_ratio(report),
-        "load_ratio": exec_ratio(report, "load"),
+        "exec_ratio": time_ratio(report),
+        "load_ratio": time_ratio(report, "load"),
     }
 
 
-def exec_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
+def time_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
     """The run's EXEC (or LOAD) time per profiled time (the CPU, and for LOADs the
     storage, it really had), over the networks that ran to their end (CA-wait
     skips some, CA-preempt aborts some)."""
@@ -334,7 +334,7 @@ def cpu_calibration(args: argparse.Namespace) -> dict[str, Any]:
 
 def _profiled_us_by_network(prepared: PreparedRun) -> dict[str, dict[str, int]]:
     """Each network's profiled EXEC and LOAD time (every instance of a network has
-    the same), under the report meta's names that `exec_ratio` reads."""
+    the same), under the report meta's names that `time_ratio` reads."""
     by_kind: dict[str, dict[str, int]] = {"exec": {}, "load": {}}
     network_of: dict[str, str] = {}
     for task in prepared.graph.tasks:
