@@ -35,7 +35,6 @@ import json
 import os
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ import yaml
 from bench_compare import PAPER_GAIN, networks_per_job
 from bench_fidelity import DEFAULT_CACHE, ensure_zoo
 
-from masa.cli.emulated import device_model, simulated_device_report
+from masa.cli.emulated import device_model, simulated_device_report, stage_storage
 from masa.common.atomic import atomic_save_png, atomic_write_text
 from masa.report.report import emulated_report
 from masa.runtime.device import Device, load_device
@@ -56,20 +55,19 @@ from masa.runtime.emulation import check_emulation, run_emulated
 from masa.runtime.runner import PreparedRun, RunSettings, prepare_run
 from masa.sched.jobs import network_time_us
 from masa.sched.taskgraph import TaskKind
-from model_prep.manifest import MANIFEST_NAME, load_manifest
-from model_prep.session import EXECUTOR_MMAP_THRESHOLD_BYTES, load_stage, pin_malloc_threshold
+from model_prep.manifest import MANIFEST_NAME
 from workloads.generation import scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "bench-device.jsonl"
-CPU_RESULTS = ROOT / "benchmarks" / "results" / "bench-device-cpu.json"
-CPU_NETWORK = "tinyyolo"  # the calibration's network: the zoo's longest EXECs at scale 1
 DOC = ROOT / "docs" / "bench-device.md"
 PNG = ROOT / "docs" / "bench-device.png"
 BOARD = "pi4-1g"
 POLICIES = ("masa", "bulk", "deepeye")
 SCENARIOS = ("small", "mixed", "lifelogging", "stochastic1", "stochastic2")
 MIB = 2**20
+# A cached run reads each stage file once; allow a few re-read pages.
+CACHED_READ_SLACK = 1.05
 # A run's arrivals span SPAN_S seconds (LENGTH_CHECK_S for the run-length check),
 # with at least MIN_JOBS jobs where the arrivals are slow (SD-card-bound cells).
 SPAN_S = 60
@@ -213,25 +211,41 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "over_commits": summary.get("over_commits"),
         "exec_ratio": time_ratio(report),
         "load_ratio": time_ratio(report, "load"),
+        "exec_ratio_by_network": exec_ratio_by_network(report),
     }
 
 
-def time_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
-    """The run's EXEC (or LOAD) time per profiled time (the CPU, and for LOADs the
-    storage, it really had), over the networks that ran to their end (CA-wait
-    skips some, CA-preempt aborts some)."""
+def _time_by_network(report: dict[str, Any], kind: str) -> dict[str, tuple[int, int]]:
+    """Per network, its EXEC (or LOAD) time in the run and its profiled time (us),
+    summed over the instances that ran to their end (CA-wait skips some, CA-preempt
+    aborts some)."""
     profiled_us = report.get("meta", {}).get(f"profiled_{kind}_us_by_network") or {}
-    done = [n for j in report.get("jobs", []) for n in j["networks"]
-            if n["status"] == "done" and n["network"] in profiled_us]
-    spent_us = sum(n[f"{kind}_us"] for n in done)
-    graph_us = sum(profiled_us[n["network"]] for n in done)
-    if not graph_us or not spent_us:
-        return None
-    return round(spent_us / graph_us, 3)
+    totals: dict[str, tuple[int, int]] = {}
+    for job in report.get("jobs", []):
+        for network in job["networks"]:
+            name = network["network"]
+            if network["status"] == "done" and name in profiled_us:
+                spent_us, graph_us = totals.get(name, (0, 0))
+                totals[name] = (spent_us + network[f"{kind}_us"], graph_us + profiled_us[name])
+    return totals
+
+
+def time_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
+    """The run's EXEC (or LOAD) time per profiled time: the CPU, and for LOADs the
+    storage, it really had."""
+    totals = _time_by_network(report, kind).values()
+    spent_us, graph_us = sum(t[0] for t in totals), sum(t[1] for t in totals)
+    return round(spent_us / graph_us, 3) if spent_us and graph_us else None
+
+
+def exec_ratio_by_network(report: dict[str, Any]) -> dict[str, float]:
+    return {name: round(spent_us / graph_us, 3)
+            for name, (spent_us, graph_us) in _time_by_network(report, "exec").items()
+            if spent_us and graph_us}
 
 
 def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
-               base_bytes: int, cpu: dict[str, Any] | None) -> dict[str, Any]:
+               base_bytes: int, cpu_by_network: dict[str, float]) -> dict[str, Any]:
     """One policy of one cell: for real on the emulated device, then simulated."""
     budget_bytes = cell.budget_mib * MIB
     device = board(base_bytes + budget_bytes)
@@ -251,85 +265,63 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
-              "cap_mib": round(device.memory_cap_bytes / MIB, 1), "real": _stats(real)}
+              "cap_mib": round(device.memory_cap_bytes / MIB, 1),
+              "stage_files_mib": stage_files_mib(prepared), "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
-        record.update(simulate(cell, policy, prepared, device, base_bytes, cpu))
+        record.update(simulate(policy, prepared, device, base_bytes, cpu_by_network, cell))
     return record
 
 
-def simulate(cell: Cell, policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cpu: dict[str, Any] | None) -> dict[str, Any]:
+def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
+             cpu_by_network: dict[str, float], cell: Cell) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    with this machine's CPU as calibrated (`measure_cpu`: one factor for a task alone,
-    one for a task beside another; "simulated_cpu")."""
+    with each network's CPU time per profiled time as measured in the cached runs
+    (`fit_cpu`; "simulated_cpu", when there is a fit)."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     figures = {}
-    factors = [("simulated", 1.0, None)]
-    if cpu is not None:
-        factors.append(("simulated_cpu", cpu["alone"], cpu["shared"]))
-    for name, alone, shared in factors:
+    sides: list[tuple[str, dict[str, float]]] = [("simulated", {})]
+    if cpu_by_network:
+        sides.append(("simulated_cpu", cpu_by_network))
+    for name, factors in sides:
         report = simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, device, base_bytes, alone, shared), device, meta)
-        figures[name] = {**_stats(report), "cpu_factor": alone, "shared_cpu_factor": shared}
+            prepared.manifests, device, base_bytes, cpu_factor_by_network=factors),
+            device, meta)
+        figures[name] = _stats(report)
     return figures
 
 
-def measure_cpu(cache: Path, network: str = CPU_NETWORK, runs: int = 8) -> dict[str, Any]:
-    """This machine's CPU time per profiled CPU time: `network`'s stages run end to end
-    `runs` times alone, then in two threads at once (ONNX Runtime releases the GIL),
-    each run on freshly loaded sessions (files cached), as every job's EXECs run in
-    Masa and the baselines (a session's first run costs more than its later ones);
-    one intra-op thread as in every run. Only the EXECs are timed."""
-    pin_malloc_threshold(EXECUTOR_MMAP_THRESHOLD_BYTES)
-    manifest = load_manifest(cache / network)
-    profiled_us = sum(stage.profile.exec_time_us for stage in manifest.stages
-                      if stage.profile is not None)
-    first = load_stage(manifest.stage_path(manifest.stages[0]), manifest.stages[0].prepack,
-                       manifest.stages[0].mapped_bytes)
-    feeds = {i.name: np.random.default_rng(0).standard_normal(
-        [d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-        for i in first.get_inputs()}
-    del first
-
-    def run_chain(times_us: list[float]) -> None:
-        for _ in range(runs):
-            sessions = [load_stage(manifest.stage_path(s), s.prepack, s.mapped_bytes)
-                        for s in manifest.stages]
-            tensors, spent_s = dict(feeds), 0.0
-            for session in sessions:
-                names = [o.name for o in session.get_outputs()]
-                inputs = {i.name: tensors[i.name] for i in session.get_inputs()}
-                started = time.perf_counter()
-                outputs = session.run(names, inputs)
-                spent_s += time.perf_counter() - started
-                tensors.update(zip(names, outputs, strict=True))
-            times_us.append(spent_s * 1e6)
-
-    alone: list[float] = []
-    run_chain(alone)
-    shared: list[list[float]] = [[], []]
-    threads = [threading.Thread(target=run_chain, args=(shared[k],)) for k in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {"network": network, "runs": runs, "profiled_exec_ms": round(profiled_us / 1e3, 1),
-            "alone": round(float(np.median(alone)) / profiled_us, 3),
-            "shared": round(float(np.median(shared[0] + shared[1])) / profiled_us, 3),
-            "commit": _commit(), "load_before": round(os.getloadavg()[0], 2),
-            "measured": datetime.now(UTC).isoformat(timespec="seconds")}
+def stage_files_mib(prepared: PreparedRun) -> float:
+    """The bytes of the stage files of the networks the run's jobs use: what a run
+    reads from the card when every file stays cached after its first read."""
+    used = {task.network for task in prepared.graph.tasks}
+    return round(sum(storage.file_bytes for (network, _), storage
+                     in stage_storage(prepared.manifests).items() if network in used) / MIB, 1)
 
 
-def cpu_calibration(args: argparse.Namespace) -> dict[str, Any]:
-    """The recorded calibration, measured first when missing or asked for."""
-    if args.calibrate_cpu or not args.cpu_results.is_file():
-        found = measure_cpu(args.cache)
-        atomic_write_text(args.cpu_results, json.dumps(found, indent=1) + "\n")
-        print(f"CPU: alone {found['alone']}x, two at once {found['shared']}x the profile "
-              f"({found['network']})", flush=True)
-    return json.loads(args.cpu_results.read_text())
+def is_cached(record: dict[str, Any]) -> bool:
+    """A real run on the mmap store that read each stage file about once: its EXECs
+    never waited for the card, so their times are the CPU's alone."""
+    real, files_mib = record["real"], record.get("stage_files_mib")
+    return (record.get("store", "mmap") == "mmap" and real["status"] == "finished"
+            and files_mib is not None and real["read_mib"] <= CACHED_READ_SLACK * files_mib)
+
+
+def fit_cpu(results: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each network's EXEC time per profiled EXEC time on this machine: the median over
+    the latest cached runs (`is_cached`) of every policy and cell that ran it, as the
+    runs' EXECs really ran (beside other tasks, through the executor). The profile is
+    off by a different amount per network: small stages' EXECs ran at about half their
+    profiled time, EmotionNet's at about their profile."""
+    ratios: dict[str, list[float]] = {}
+    for runs in _by_cell(results).values():
+        for record in runs.values():
+            if is_cached(record) and record["memory_scale"] == 1.0:
+                for network, ratio in record["real"].get("exec_ratio_by_network", {}).items():
+                    ratios.setdefault(network, []).append(ratio)
+    return {network: round(float(np.median(found)), 3)
+            for network, found in sorted(ratios.items())}
 
 
 def _profiled_us_by_network(prepared: PreparedRun) -> dict[str, dict[str, int]]:
@@ -394,23 +386,31 @@ def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple
 
 
 def resimulate(args: argparse.Namespace) -> None:
-    """Simulate every recorded run again with today's simulator and CPU calibration
-    (the real figures stay)."""
+    """Simulate every recorded run again with today's simulator and the CPU fit of
+    today's results (the real figures stay)."""
     results = load_results(args.results)
-    cpu = cpu_calibration(args)
     cells = {c.key: c for c in grid()}
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
+        prepared_by_key: dict[str, PreparedRun] = {}
+        for record in results:
+            cell = cells.get(record["key"])
+            if cell is not None and cell.key not in prepared_by_key:
+                workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps)
+                prepared_by_key[cell.key] = prepare_run(workload, store_of(cell, args),
+                                                        cell.context)
+            if cell is not None:
+                record["stage_files_mib"] = stage_files_mib(prepared_by_key[cell.key])
+        cpu_by_network = fit_cpu(results)
         for record in results:
             cell = cells.get(record["key"])
             if cell is None or cell.memory_scale != 1.0:
                 continue
-            workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps)
-            prepared = prepare_run(workload, store_of(cell, args), cell.context)
             base_bytes = round(record["base_mib"] * MIB)
             record.pop("simulated_cpu", None)
-            record.update(simulate(cell, record["policy"], prepared,
-                                   board(base_bytes + cell.budget_mib * MIB), base_bytes, cpu))
+            record.update(simulate(record["policy"], prepared_by_key[cell.key],
+                                   board(base_bytes + cell.budget_mib * MIB), base_bytes,
+                                   cpu_by_network, cell))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -454,10 +454,10 @@ def run_grid(args: argparse.Namespace) -> None:
     # A cell to run again counts as done only for the runs made on this very commit,
     # so that an interrupted rerun resumes where it stopped.
     done = {(r["key"], r["policy"]) for r in results
-            if not any(r["key"].startswith(prefix) for prefix in args.rerun)
+            if not any((r["key"] + "|").startswith(prefix) for prefix in args.rerun)
             or r["commit"] == commit}
     bases: dict[str, int] = {}
-    cpu = cpu_calibration(args)
+    cpu_by_network = fit_cpu(results)
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -470,7 +470,8 @@ def run_grid(args: argparse.Namespace) -> None:
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
-            record = run_policy(cell, policy, store, workload, bases[base_key], cpu)
+            record = run_policy(cell, policy, store, workload, bases[base_key],
+                                cpu_by_network)
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "
@@ -546,11 +547,15 @@ def _paper(cell: Cell) -> str:
     return PAPER_GAIN.get(cell.scenario, "-")
 
 
-def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
+def calibration(results: Sequence[dict[str, Any]], side: str,
+                held_out: bool = False) -> dict[str, Any]:
     """The simulator (`side`: simulated or simulated_cpu) against the emulated device,
-    over every run with both."""
+    over every run with both (`held_out`: only the cells none of whose runs fed the
+    CPU fit)."""
     errors, kills, ratio_gaps = [], {"both": 0, "real only": 0, "simulated only": 0}, []
     for runs in _by_cell(results).values():
+        if held_out and any(is_cached(record) for record in runs.values()):
+            continue
         for record in runs.values():
             real, sim = record["real"], record.get(side)
             if sim is None:
@@ -572,17 +577,20 @@ def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
 
 def calibration_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
-    calibrated = next((r["simulated_cpu"] for r in results
-                       if (r.get("simulated_cpu") or {}).get("shared_cpu_factor")), None)
-    sides = [("simulated", "With the profile's CPU times")]
-    if calibrated is not None:
-        sides.append(("simulated_cpu", (
-            f"With this machine's CPU as calibrated (`measure_cpu`, "
-            f"benchmarks/results/bench-device-cpu.json): a task alone takes "
-            f"{calibrated['cpu_factor']}x its profiled time, one beside another "
-            f"{calibrated['shared_cpu_factor']}x")))
-    for side, title in sides:
-        found = calibration(results, side)
+    fitted = fit_cpu(results)
+    sides = [("simulated", "With the profile's CPU times", False)]
+    if fitted:
+        cached_runs = sum(is_cached(r) and bool(r["real"].get("exec_ratio_by_network"))
+                          for runs in _by_cell(results).values() for r in runs.values())
+        title = (f"With each network's EXEC time per profiled time as measured in the "
+                 f"{cached_runs} latest runs whose stage files stayed cached (`fit_cpu`: "
+                 + ", ".join(f"{network} {factor}x" for network, factor in fitted.items())
+                 + "; other networks as profiled)")
+        sides += [("simulated_cpu", title, False),
+                  ("simulated_cpu", "The same, only the cells none of whose runs fed the fit",
+                   True)]
+    for side, title, held_out in sides:
+        found = calibration(results, side, held_out)
         errors, gaps, kills = found["mean_errors"], found["ratio_gaps_pp"], found["kills"]
         lines += [f"{title}:", "", f"- Runs where both finished: {len(errors)}."]
         if errors:
@@ -830,17 +838,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the cells with copied weights (skipped without it)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=DOC)
-    parser.add_argument("--cpu-results", type=Path, default=CPU_RESULTS,
-                        help="this machine's CPU calibration (measured when missing)")
-    parser.add_argument("--calibrate-cpu", action="store_true",
-                        help="measure the CPU calibration again (on a quiet machine)")
     parser.add_argument("--max-minutes", type=float, default=60.0,
                         help="start no run after this many minutes (default 60)")
     parser.add_argument("--only", type=lambda t: set(t.split(",")), default=set(),
                         help="only these scenarios (comma-separated)")
     parser.add_argument("--rerun", type=lambda t: [k for k in t.split(",") if k], default=[],
                         help="run again the cells whose key starts with one of these "
-                             "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'), unless "
+                             "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'; a trailing '|' "
+                             "ends the key), unless "
                              "already run on this commit; the page shows the latest runs")
     parser.add_argument("--doc-only", action="store_true",
                         help="re-render the page from the results file")

@@ -133,12 +133,20 @@ class DeviceModel:
     # run two tasks at once slower than one alone.
     cpu_factor: float = 1.0
     shared_cpu_factor: float | None = None
+    # Per network, its tasks' time per profiled time as measured in runs on the
+    # device (however many ran beside them): a profile can be off by a different
+    # amount for each network (small stages pay more fixed cost per run). A network
+    # named here takes its factor instead of the two above.
+    cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
 
-    def cpu_us(self, duration_us: int, running_tasks: int) -> int:
-        """A task's CPU time on the device: its profiled time, scaled by the factor
-        for the number of tasks running as it starts (itself included)."""
-        shared = self.shared_cpu_factor
-        factor = self.cpu_factor if running_tasks <= 1 or shared is None else shared
+    def cpu_us(self, duration_us: int, running_tasks: int, network: str = "") -> int:
+        """A task's CPU time on the device: its profiled time, scaled by its network's
+        factor, or else by the factor for the number of tasks running as it starts
+        (itself included)."""
+        factor = self.cpu_factor_by_network.get(network)
+        if factor is None:
+            shared = self.shared_cpu_factor
+            factor = self.cpu_factor if running_tasks <= 1 or shared is None else shared
         return round(duration_us * factor)
 
     def read_us(self, read_bytes: int) -> int:
@@ -199,8 +207,9 @@ class DeviceBackend(VirtualBackend):
         self.cache = _PageCache()
         self.mapped_loaded_bytes = 0
         self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
-        # Started since the last wait: (sequence, task id, profiled us, storage us).
-        self._starting: list[tuple[int, str, int, int]] = []
+        # Started since the last wait: (sequence, task id, network, profiled us,
+        # storage us).
+        self._starting: list[tuple[int, str, str, int, int]] = []
         self._state: SchedulerState | None = None
         if not device.cold_cache:
             for key, storage in device.stages.items():
@@ -237,13 +246,15 @@ class DeviceBackend(VirtualBackend):
         self._running.add(task.task_id)
         # Its end is fixed at the next wait, once every task of this decision has
         # started: tasks dispatched together share the CPU alike.
-        self._starting.append((self._sequence, task.task_id, task.duration_us, extra_us))
+        self._starting.append((self._sequence, task.task_id, task.network,
+                               task.duration_us, extra_us))
 
     def wait(self, deadline_us: int | None) -> list[Completion]:
         running = len(self._running)
-        for sequence, task_id, duration_us, extra_us in self._starting:
+        for sequence, task_id, network, duration_us, extra_us in self._starting:
             if task_id in self._running:
-                end_us = self.clock_us + self.device.cpu_us(duration_us, running) + extra_us
+                cpu_us = self.device.cpu_us(duration_us, running, network)
+                end_us = self.clock_us + cpu_us + extra_us
                 heapq.heappush(self._finishes, (end_us, sequence, task_id))
         self._starting.clear()
         return super().wait(deadline_us)
