@@ -446,6 +446,12 @@ def misjudged_store(store: Path, scale: float) -> Path:
     return target
 
 
+def _names(prefix: str, key: str) -> bool:
+    """A --rerun entry names the cells whose key starts with it; with a trailing '|',
+    only the cell whose key it is."""
+    return key == prefix[:-1] if prefix.endswith("|") else key.startswith(prefix)
+
+
 def run_grid(args: argparse.Namespace) -> None:
     cells = [c for c in grid() if (not args.only or c.scenario in args.only)
              and (c.store == "mmap" or args.copy_cache is not None)]
@@ -454,7 +460,7 @@ def run_grid(args: argparse.Namespace) -> None:
     # A cell to run again counts as done only for the runs made on this very commit,
     # so that an interrupted rerun resumes where it stopped.
     done = {(r["key"], r["policy"]) for r in results
-            if not any((r["key"] + "|").startswith(prefix) for prefix in args.rerun)
+            if not any(_names(prefix, r["key"]) for prefix in args.rerun)
             or r["commit"] == commit}
     bases: dict[str, int] = {}
     cpu_by_network = fit_cpu(results)
@@ -844,8 +850,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only these scenarios (comma-separated)")
     parser.add_argument("--rerun", type=lambda t: [k for k in t.split(",") if k], default=[],
                         help="run again the cells whose key starts with one of these "
-                             "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'; a trailing '|' "
-                             "ends the key), unless "
+                             "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'; with a trailing "
+                             "'|' only the cell of that key), unless "
                              "already run on this commit; the page shows the latest runs")
     parser.add_argument("--doc-only", action="store_true",
                         help="re-render the page from the results file")
