@@ -31,6 +31,7 @@ not run yet marked as missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -60,6 +61,10 @@ from workloads.generation import scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "bench-device.jsonl"
+# The profile every run plans with and the offered load is computed from, pinned:
+# a freshly prepared zoo is profiled anew, and a profile made on a busy machine
+# (as the first grid's was) sets other arrival rates and other simulated times.
+PINNED = ROOT / "benchmarks" / "results" / "bench-device-profile.json"
 DOC = ROOT / "docs" / "bench-device.md"
 PNG = ROOT / "docs" / "bench-device.png"
 BOARD = "pi4-1g"
@@ -126,19 +131,105 @@ def grid() -> list[Cell]:
     return cells
 
 
+# ------------------------------------------------------------------ the pinned profile
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The pinned profile (store kind -> network -> each stage's profile) and CPU
+    factors (each network's EXEC time on this emulated device per profiled time);
+    every record made on them carries their fingerprint."""
+    stores: dict[str, dict[str, list[Any]]]
+    cpu_factor_by_network: dict[str, float]
+    cpu_source: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        text = json.dumps({"stores": self.stores, "cpu": self.cpu_factor_by_network},
+                          sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps({
+            "about": "bench_device's pinned profile: every store it runs on plans with "
+                     "these figures (written into the manifests), and the offered load "
+                     "is computed from them with the CPU factors",
+            "cpu_factor_by_network": self.cpu_factor_by_network,
+            "cpu_source": self.cpu_source, "stores": self.stores}, indent=1) + "\n")
+
+
+def load_pin(path: Path) -> Pin:
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    return Pin(raw.get("stores", {}), raw.get("cpu_factor_by_network", {}),
+               raw.get("cpu_source", ""))
+
+
+def _profiles(store: Path) -> dict[str, list[Any]]:
+    return {path.parent.name: [stage.get("profile")
+                               for stage in yaml.safe_load(path.read_text())["stages"]]
+            for path in sorted(store.glob(f"*/{MANIFEST_NAME}"))}
+
+
+def pin_store(store: Path, kind: str, pin: Pin, path: Path) -> Pin:
+    """Make `store` plan with the pinned profile of its kind (mmap or copy): the
+    pinned figures replace its manifests' (the stage files are the seeded zoo's,
+    the same wherever it is prepared). A kind not pinned yet is pinned from the
+    store as it is, and the pin file written."""
+    found = _profiles(store)
+    pinned = pin.stores.get(kind)
+    if pinned is None:
+        pin = Pin({**pin.stores, kind: found}, pin.cpu_factor_by_network, pin.cpu_source)
+        pin.save(path)
+        return pin
+    if set(pinned) != set(found):
+        raise SystemExit(f"{path}: stores.{kind}: pinned networks {sorted(pinned)}, "
+                         f"{store} has {sorted(found)}")
+    for network, profiles in pinned.items():
+        if profiles == found[network]:
+            continue
+        manifest_path = store / network / MANIFEST_NAME
+        raw = yaml.safe_load(manifest_path.read_text())
+        if len(raw["stages"]) != len(profiles):
+            raise SystemExit(f"{path}: stores.{kind}.{network}: {len(profiles)} stages "
+                             f"pinned, {manifest_path} has {len(raw['stages'])}")
+        for stage, profile in zip(raw["stages"], profiles, strict=True):
+            stage["profile"] = profile
+        atomic_write_text(manifest_path, yaml.safe_dump(raw, sort_keys=False))
+    return pin
+
+
+def pinned_stores(args: argparse.Namespace) -> Pin:
+    pin = pin_store(args.cache, "mmap", load_pin(args.pin), args.pin)
+    if args.copy_cache is not None:
+        pin = pin_store(args.copy_cache, "copy", pin, args.pin)
+    return pin
+
+
+def current(results: Sequence[dict[str, Any]], pin: Pin) -> list[dict[str, Any]]:
+    """The records made on the pinned profile (the others are superseded)."""
+    return [r for r in results if r.get("profile") == pin.fingerprint]
+
+
 # ------------------------------------------------------------------ one run
 
 
 def job_work_us(prepared: PreparedRun, workers: int, read_bytes_per_s: int,
-                budget_bytes: int) -> float:
+                budget_bytes: int, cpu_factor_by_network: dict[str, float]) -> float:
     """A job's expected time on the device's busier resource: the workers' CPU (the
-    profiled work / workers) or the SD card (the job's stage files / its bandwidth,
-    counted only when the scenario's stage files are larger than the budget, so
-    that they cannot stay in the page cache between jobs)."""
+    profiled work, EXECs times the pinned CPU factor of their network, / workers) or
+    the SD card (the job's stage files / its bandwidth, counted only when the
+    scenario's stage files are larger than the budget, so that they cannot stay in
+    the page cache between jobs)."""
     manifests = prepared.manifests
     names = prepared.workload.networks
     per_job = networks_per_job(prepared.workload) / len(names)
-    cpu_us = per_job * sum(network_time_us(manifests[n]) for n in names) / workers
+
+    def device_time_us(name: str) -> float:
+        exec_us = network_time_us(manifests[name], include_load=False)
+        load_us = network_time_us(manifests[name]) - exec_us
+        return load_us + exec_us * cpu_factor_by_network.get(name, 1.0)
+
+    cpu_us = per_job * sum(device_time_us(n) for n in names) / workers
     file_bytes = sum(sum((m.stage_path(s).stat().st_size
                           + _size(m.directory / s.data_file)) for s in m.stages)
                      for m in (manifests[n] for n in names))
@@ -150,7 +241,8 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-def cell_workload(cell: Cell, cache: Path, scratch: Path, read_bytes_per_s: int) -> Path:
+def cell_workload(cell: Cell, cache: Path, scratch: Path, read_bytes_per_s: int,
+                  cpu_factor_by_network: dict[str, float]) -> Path:
     """The scenario's YAML with its arrivals at the cell's rate, spanning its length."""
     raw = yaml.safe_load(scenario_path(cell.scenario).read_text())
     raw["arrivals"]["count"] = MIN_JOBS[cell.scenario]
@@ -158,7 +250,7 @@ def cell_workload(cell: Cell, cache: Path, scratch: Path, read_bytes_per_s: int)
     path.write_text(yaml.safe_dump(raw))
     prepared = prepare_run(path, cache, cell.context)
     mean_gap_ms = job_work_us(prepared, cell.workers, read_bytes_per_s,
-                              cell.budget_mib * MIB) / cell.rho / 1e3
+                              cell.budget_mib * MIB, cpu_factor_by_network) / cell.rho / 1e3
     arrivals = raw["arrivals"]
     arrivals["count"] = max(MIN_JOBS[cell.scenario], round(cell.span_s * 1e3 / mean_gap_ms))
     if arrivals["kind"] == "periodic":
@@ -245,7 +337,7 @@ def exec_ratio_by_network(report: dict[str, Any]) -> dict[str, float]:
 
 
 def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
-               base_bytes: int, cpu_by_network: dict[str, float]) -> dict[str, Any]:
+               base_bytes: int, pin: Pin) -> dict[str, Any]:
     """One policy of one cell: for real on the emulated device, then simulated."""
     budget_bytes = cell.budget_mib * MIB
     device = board(base_bytes + budget_bytes)
@@ -261,22 +353,22 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
                            jobs=len(prepared.jobs))
     real.setdefault("meta", {}).update(_profiled_us_by_network(prepared))
     record = {"key": cell.key, "policy": policy, **cell.__dict__, "jobs": len(prepared.jobs),
-              "commit": _commit(),
+              "commit": _commit(), "profile": pin.fingerprint,
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
               "cap_mib": round(device.memory_cap_bytes / MIB, 1),
               "stage_files_mib": stage_files_mib(prepared), "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
-        record.update(simulate(policy, prepared, device, base_bytes, cpu_by_network, cell))
+        record.update(simulate(policy, prepared, device, base_bytes,
+                               pin.cpu_factor_by_network, cell))
     return record
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
              cpu_by_network: dict[str, float], cell: Cell) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    with each network's CPU time per profiled time as measured in the cached runs
-    (`fit_cpu`; "simulated_cpu", when there is a fit)."""
+    with each network's EXEC times x its pinned CPU factor ("simulated_cpu")."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
@@ -311,13 +403,12 @@ def is_cached(record: dict[str, Any]) -> bool:
 def fit_cpu(results: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Each network's EXEC time per profiled EXEC time on this machine: the median over
     the latest cached runs (`is_cached`) of every policy and cell that ran it, as the
-    runs' EXECs really ran (beside other tasks, through the executor). The profile is
-    off by a different amount per network: small stages' EXECs ran at about half their
-    profiled time, EmotionNet's at about their profile."""
+    runs' EXECs really ran (beside other tasks, through the executor): the pinned
+    CPU factors, measured again."""
     ratios: dict[str, list[float]] = {}
     for runs in _by_cell(results).values():
         for record in runs.values():
-            if is_cached(record) and record["memory_scale"] == 1.0:
+            if is_cached(record) and record.get("memory_scale", 1.0) == 1.0:
                 for network, ratio in record["real"].get("exec_ratio_by_network", {}).items():
                     ratios.setdefault(network, []).append(ratio)
     return {network: round(float(np.median(found)), 3)
@@ -386,8 +477,11 @@ def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple
 
 
 def resimulate(args: argparse.Namespace) -> None:
-    """Simulate every recorded run again with today's simulator and the CPU fit of
-    today's results (the real figures stay)."""
+    """Simulate every run made on the pinned profile again with today's simulator (the
+    real figures stay). Older records whose workload the pinned profile leaves as it
+    was (the same jobs at the same rate: the SD-card-bound cells, whose rate the
+    card sets) are adopted first; the others stay superseded."""
+    pin = pinned_stores(args)
     results = load_results(args.results)
     cells = {c.key: c for c in grid()}
     read_bps = load_device(BOARD).read_bytes_per_s or 1
@@ -395,22 +489,26 @@ def resimulate(args: argparse.Namespace) -> None:
         prepared_by_key: dict[str, PreparedRun] = {}
         for record in results:
             cell = cells.get(record["key"])
-            if cell is not None and cell.key not in prepared_by_key:
-                workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps)
+            if cell is None or record.get("profile") not in (None, pin.fingerprint):
+                continue
+            if cell.key not in prepared_by_key:
+                workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps,
+                                         pin.cpu_factor_by_network)
                 prepared_by_key[cell.key] = prepare_run(workload, store_of(cell, args),
                                                         cell.context)
-            if cell is not None:
-                record["stage_files_mib"] = stage_files_mib(prepared_by_key[cell.key])
-        cpu_by_network = fit_cpu(results)
-        for record in results:
-            cell = cells.get(record["key"])
-            if cell is None or cell.memory_scale != 1.0:
+            prepared = prepared_by_key[cell.key]
+            if record.get("profile") is None and record["jobs"] == len(prepared.jobs):
+                record["profile"] = pin.fingerprint
+            if record.get("profile") != pin.fingerprint:
+                continue
+            record["stage_files_mib"] = stage_files_mib(prepared)
+            if cell.memory_scale != 1.0:
                 continue
             base_bytes = round(record["base_mib"] * MIB)
             record.pop("simulated_cpu", None)
-            record.update(simulate(record["policy"], prepared_by_key[cell.key],
+            record.update(simulate(record["policy"], prepared,
                                    board(base_bytes + cell.budget_mib * MIB), base_bytes,
-                                   cpu_by_network, cell))
+                                   pin.cpu_factor_by_network, cell))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -455,7 +553,8 @@ def _names(prefix: str, key: str) -> bool:
 def run_grid(args: argparse.Namespace) -> None:
     cells = [c for c in grid() if (not args.only or c.scenario in args.only)
              and (c.store == "mmap" or args.copy_cache is not None)]
-    results = load_results(args.results)
+    pin = pinned_stores(args)
+    results = current(load_results(args.results), pin)
     commit = _commit()
     # A cell to run again counts as done only for the runs made on this very commit,
     # so that an interrupted rerun resumes where it stopped.
@@ -463,7 +562,6 @@ def run_grid(args: argparse.Namespace) -> None:
             if not any(_names(prefix, r["key"]) for prefix in args.rerun)
             or r["commit"] == commit}
     bases: dict[str, int] = {}
-    cpu_by_network = fit_cpu(results)
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -472,18 +570,18 @@ def run_grid(args: argparse.Namespace) -> None:
                 print(f"time is up ({args.max_minutes} min): the rest runs next time")
                 break
             store = store_of(cell, args)
-            workload = cell_workload(cell, store, Path(scratch), read_bps)
+            workload = cell_workload(cell, store, Path(scratch), read_bps,
+                                     pin.cpu_factor_by_network)
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
-            record = run_policy(cell, policy, store, workload, bases[base_key],
-                                cpu_by_network)
+            record = run_policy(cell, policy, store, workload, bases[base_key], pin)
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "
                   f"(simulated {sim.get('status')} {sim.get('mean_ms')} ms), "
                   f"{record['wall_s']} s, load {record['load_before']}", flush=True)
-            write_doc(load_results(args.results), args)
+            write_doc(load_results(args.results), pin, args)
 
 
 # ------------------------------------------------------------------ the page
@@ -519,7 +617,7 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * (ratio - 1):+.0f}%"
 
 
-def cell_rows(results: Sequence[dict[str, Any]]) -> list[str]:
+def cell_rows(results: Sequence[dict[str, Any]], only_run: bool = False) -> list[str]:
     by_cell = _by_cell(results)
     lines = ["| scenario | budget | rho | arrivals, jobs | context | masa | bulk | deepeye "
              "| masa vs bulk | simulated masa | bulk | deepeye | masa vs bulk | run length "
@@ -530,6 +628,8 @@ def cell_rows(results: Sequence[dict[str, Any]]) -> list[str]:
         name = cell.label
         head = (f"| {name} | {cell.budget_mib} MiB | {cell.rho} | {cell.span_s} s, "
                 f"{jobs} | {cell.context} |")
+        if not runs and only_run:
+            continue
         if not runs:
             lines.append(head + " *not run yet* |" + " |" * 11 + f" {_paper(cell)} |")
             continue
@@ -547,21 +647,34 @@ def cell_rows(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def superseded_lines(superseded: Sequence[dict[str, Any]]) -> list[str]:
+    if not superseded:
+        return []
+    return [
+        "### Superseded: runs on the first profile", "",
+        "The first grid (2026-11-23/24) planned with a profile measured while the "
+        "machine was busy; it was not kept, and the zoo profiled again on a quiet machine "
+        "gives each scenario's jobs 2.6-5.8x less CPU work. Where the workers' CPU set "
+        "the arrival rate, that grid's offered load was therefore far below its label "
+        "(the same cell now has 2.0-4.4x the jobs, the pinned CPU factors making up part "
+        "of the difference); its figures are real runs, kept here, but "
+        "not at the load the column says, and its simulated figures cannot be computed "
+        "again. Where the SD card set the rate the workload is the same on either "
+        "profile: those runs are adopted above.", "",
+        *cell_rows(superseded, only_run=True), ""]
+
+
 def _paper(cell: Cell) -> str:
     if cell.context != "oblivious":
         return "Fig. 12: CA-wait fastest below p = 1"
     return PAPER_GAIN.get(cell.scenario, "-")
 
 
-def calibration(results: Sequence[dict[str, Any]], side: str,
-                held_out: bool = False) -> dict[str, Any]:
+def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
     """The simulator (`side`: simulated or simulated_cpu) against the emulated device,
-    over every run with both (`held_out`: only the cells none of whose runs fed the
-    CPU fit)."""
+    over every run with both."""
     errors, kills, ratio_gaps = [], {"both": 0, "real only": 0, "simulated only": 0}, []
     for runs in _by_cell(results).values():
-        if held_out and any(is_cached(record) for record in runs.values()):
-            continue
         for record in runs.values():
             real, sim = record["real"], record.get(side)
             if sim is None:
@@ -581,22 +694,22 @@ def calibration(results: Sequence[dict[str, Any]], side: str,
     return {"mean_errors": errors, "kills": kills, "ratio_gaps_pp": ratio_gaps}
 
 
-def calibration_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
     lines = []
+    factors = ", ".join(f"{network} {factor}x"
+                        for network, factor in sorted(pin.cpu_factor_by_network.items()))
+    sides = [("simulated", "With the profile's CPU times")]
+    if pin.cpu_factor_by_network:
+        sides.append(("simulated_cpu", f"With each network's EXEC times x its pinned CPU "
+                      f"factor ({factors}; other networks as profiled; {pin.cpu_source})"))
     fitted = fit_cpu(results)
-    sides = [("simulated", "With the profile's CPU times", False)]
     if fitted:
-        cached_runs = sum(is_cached(r) and bool(r["real"].get("exec_ratio_by_network"))
-                          for runs in _by_cell(results).values() for r in runs.values())
-        title = (f"With each network's EXEC time per profiled time as measured in the "
-                 f"{cached_runs} latest runs whose stage files stayed cached (`fit_cpu`: "
-                 + ", ".join(f"{network} {factor}x" for network, factor in fitted.items())
-                 + "; other networks as profiled)")
-        sides += [("simulated_cpu", title, False),
-                  ("simulated_cpu", "The same, only the cells none of whose runs fed the fit",
-                   True)]
-    for side, title, held_out in sides:
-        found = calibration(results, side, held_out)
+        lines += ["The same factors measured again in this grid's runs whose stage files "
+                  "stayed cached (`fit_cpu`, median per network): "
+                  + ", ".join(f"{network} {factor}x" for network, factor in fitted.items())
+                  + ".", ""]
+    for side, title in sides:
+        found = calibration(results, side)
         errors, gaps, kills = found["mean_errors"], found["ratio_gaps_pp"], found["kills"]
         lines += [f"{title}:", "", f"- Runs where both finished: {len(errors)}."]
         if errors:
@@ -670,8 +783,11 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
         plt.close(figure)
 
 
-def write_doc(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """docs/bench-device.md (and its PNG) from the results file."""
+def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namespace) -> None:
+    """docs/bench-device.md (and its PNG) from the results file: the runs made on the
+    pinned profile, and the superseded ones apart."""
+    results = current(all_results, pin)
+    superseded = [r for r in all_results if r.get("profile") != pin.fingerprint]
     cells = grid()
     by_cell = _by_cell(results)
     complete = sum(all(p in by_cell.get(c.key, {}) for p in POLICIES) for c in cells)
@@ -682,8 +798,10 @@ def write_doc(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "Produced by `sudo python benchmarks/bench_device.py` (resumable: each run is "
         f"appended to `{_relative(args.results)}` and skipped when run again; "
         "`--doc-only` re-renders this page). Machine: 2 shared x86-64 cores, 24 GiB; "
-        "the scale-1 zoo (load mode mmap, profiled; the cells marked *copied weights*: the "
-        "same zoo prepared with load mode copy, `--copy-cache`).",
+        "the scale-1 zoo (load mode mmap; the cells marked *copied weights*: the "
+        "same zoo prepared with load mode copy, `--copy-cache`), planning with the profile "
+        f"pinned in `{_relative(args.pin)}` (fingerprint `{pin.fingerprint}`, measured on "
+        "a quiet machine; each run records it).",
         "",
         f"**Progress: {complete} of {len(cells)} cells complete** ({len(results)} of "
         f"{len(cells) * len(POLICIES)} policy runs). Cells marked *not run yet* or "
@@ -699,7 +817,8 @@ def write_doc(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "and the board's kernel are not emulated: a Pi's cores are several times slower, "
         "so every EXEC here is faster than on the board.",
         "- Offered load rho: the utilisation of the busier resource, the 2 workers' CPU "
-        "(the jobs' profiled work / 2) or the SD card (the jobs' stage files at 44 MB/s, "
+        "(the jobs' profiled work, EXECs times their network's pinned CPU factor, / 2) "
+        "or the SD card (the jobs' stage files at 44 MB/s, "
         "counted when the scenario's stage files exceed the budget, so that they cannot "
         "stay cached between jobs); the scenario's arrival process at that rate. The "
         "first jobs of every run read cold, which the offered load does not count.",
@@ -717,11 +836,12 @@ def write_doc(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "",
         *cell_rows(results),
         "",
+        *superseded_lines(superseded),
         f"![mean response per cell]({args.doc.with_suffix('.png').name})",
         "",
         "## The simulator against the emulated device",
         "",
-        *calibration_lines(results),
+        *calibration_lines(results, pin),
         "",
         "## Not measured, or not simulated",
         "",
@@ -843,6 +963,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the scale-1 zoo prepared with --load-mode copy (profiled), for "
                              "the cells with copied weights (skipped without it)")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--pin", type=Path, default=PINNED,
+                        help="the pinned profile and CPU factors (written from the stores "
+                             "when missing)")
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--max-minutes", type=float, default=60.0,
                         help="start no run after this many minutes (default 60)")
@@ -863,7 +986,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif not args.doc_only:
         ensure_zoo(args.cache)
         run_grid(args)
-    write_doc(load_results(args.results), args)
+    write_doc(load_results(args.results), load_pin(args.pin), args)
     return 0
 
 if __name__ == "__main__":
