@@ -203,6 +203,17 @@ def whole_model(path: Path, feed: np.ndarray) -> np.ndarray:
     return session.run(None, {name: feed})[0]
 
 
+def assert_like_whole_model(actual: Any, expected: np.ndarray) -> None:
+    """The stage chain's output equals the whole model's up to float32 rounding. ONNX
+    Runtime fuses the whole graph's operators differently from the stages', so sums
+    are rounded in another order; an element near zero beside large ones carries
+    their rounding, hence an absolute bound scaled by the output's largest magnitude
+    (seen: 1.9e-5 on an element of -0.013 beside 17.9, onnxruntime 1.32)."""
+    scale = max(1.0, float(np.max(np.abs(expected))))
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float32), expected,
+                               rtol=1e-4, atol=1e-5 * scale)
+
+
 @pytest.fixture(scope="module")
 def server(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running = Server(write_config(tmp_path_factory.mktemp("serve"), store))
@@ -238,16 +249,15 @@ def test_an_image_and_a_npy_poll_long_poll_and_outputs(server: Server, store: St
     assert done["networks"]["convnet"]["load_ms"] > 0
     outputs = server.outputs(image_job)
     expected = whole_model(store.model_files["convnet"], _image_tensor(png))
-    np.testing.assert_allclose(outputs["convnet/y"], expected, rtol=1e-4, atol=1e-5)
+    assert_like_whole_model(outputs["convnet/y"], expected)
     inline = np.asarray(done["networks"]["convnet"]["outputs"]["y"]["data"], dtype=np.float32)
     np.testing.assert_allclose(inline, expected, rtol=1e-6, atol=1e-6)
 
     assert server.wait(npy_job)["state"] == "done"
     outputs = server.outputs(npy_job)
     for network in ("convnet", "resnet"):
-        np.testing.assert_allclose(outputs[f"{network}/y"],
-                                   whole_model(store.model_files[network], x),
-                                   rtol=1e-4, atol=1e-5)
+        assert_like_whole_model(outputs[f"{network}/y"],
+                                whole_model(store.model_files[network], x))
 
 
 def test_json_and_npz_inputs_are_accepted(server: Server, store: Store) -> None:
@@ -260,8 +270,7 @@ def test_json_and_npz_inputs_are_accepted(server: Server, store: Store) -> None:
     expected = whole_model(store.model_files["resnet"], x)
     for job_id in (json_job, npz_job):
         assert server.wait(job_id)["state"] == "done"
-        np.testing.assert_allclose(server.outputs(job_id)["resnet/y"], expected,
-                                   rtol=1e-4, atol=1e-5)
+        assert_like_whole_model(server.outputs(job_id)["resnet/y"], expected)
 
 
 def test_a_post_with_wait_answers_with_the_result(server: Server, store: Store) -> None:
@@ -274,8 +283,7 @@ def test_a_post_with_wait_answers_with_the_result(server: Server, store: Store) 
     assert headers["Location"] == f"/v1/jobs/{ended['id']}"
     assert server.json("GET", headers["Location"])[1] == ended  # the journaled result
     inline = np.asarray(ended["networks"]["resnet"]["outputs"]["y"]["data"], dtype=np.float32)
-    np.testing.assert_allclose(inline, whole_model(store.model_files["resnet"], x),
-                               rtol=1e-4, atol=1e-5)
+    assert_like_whole_model(inline, whole_model(store.model_files["resnet"], x))
     # A job that cannot end within the wait (seconds of MatMuls against 10 ms): a 202.
     status, document = server.json("POST", "/v1/jobs?graph=slow&wait=0.01",
                                    body=_slow_input(),

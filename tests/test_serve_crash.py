@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_serve import SLOW_SIDE, Server, build_store, npy_bytes, whole_model, write_config
+from test_serve import (
+    SLOW_SIDE,
+    Server,
+    assert_like_whole_model,
+    build_store,
+    npy_bytes,
+    whole_model,
+    write_config,
+)
 
 JOBS = 50
 
@@ -66,9 +74,8 @@ def test_kill_9_mid_run_then_restart_ends_every_accepted_job_exactly_once(
     assert unfinished == 0
     for job_id, x in zip(job_ids, inputs, strict=True):
         for network in ("convnet", "resnet"):
-            np.testing.assert_allclose(outputs[job_id][f"{network}/y"],
-                                       whole_model(store.model_files[network], x),
-                                       rtol=1e-4, atol=1e-5)
+            assert_like_whole_model(outputs[job_id][f"{network}/y"],
+                                    whole_model(store.model_files[network], x))
     # Repeated squarings amplify rounding (thread counts differ): the slow job must simply
     # have produced its one output.
     assert outputs[slow_id]["slow/y"].shape == () and np.isfinite(outputs[slow_id]["slow/y"])

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from test_serve import Server, Store, npy_bytes, whole_model, write_config
+from test_serve import Server, Store, assert_like_whole_model, npy_bytes, whole_model, write_config
 from test_serve import store as store  # noqa: F401  (the module's fixture)
 
 from model_prep.manifest import load_store_network
@@ -63,9 +63,9 @@ def test_a_network_that_fails_fails_its_job_alone(store: Store, tmp_path: Path) 
     for graph, x, result in zip(graphs, inputs, results, strict=True):
         convnet = result["networks"]["convnet"]
         assert convnet["status"] == "done"
-        np.testing.assert_allclose(
+        assert_like_whole_model(
             np.asarray(convnet["outputs"]["y"]["data"], dtype=np.float32),
-            whole_model(store.model_files["convnet"], x), rtol=1e-4, atol=1e-5)
+            whole_model(store.model_files["convnet"], x))
         if graph == "conv":
             assert result["state"] == "done"
         else:  # its own job fails; convnet in the same job still ends done
@@ -74,9 +74,8 @@ def test_a_network_that_fails_fails_its_job_alone(store: Store, tmp_path: Path) 
             assert resnet["status"] == "failed"
             assert stage.stage_id in resnet["error"]
     assert later["state"] == "done" and health == 200
-    np.testing.assert_allclose(later_outputs["convnet/y"],
-                               whole_model(store.model_files["convnet"], later_input),
-                               rtol=1e-4, atol=1e-5)
+    assert_like_whole_model(later_outputs["convnet/y"],
+                            whole_model(store.model_files["convnet"], later_input))
     # Every reserved byte released, nothing left in the scheduler.
     assert status["active_jobs"] == 0 and status["reserved_bytes"] == 0
     assert set(status["scheduler_state"].values()) == {0}, status["scheduler_state"]
@@ -126,6 +125,5 @@ def test_the_daemon_serves_on_a_unix_socket(store: Store) -> None:
     assert answer["document"]["state"] == "done"
     assert answer["ready"]["ready"] is True
     for network in ("convnet", "resnet"):
-        np.testing.assert_allclose(answer["outputs"][f"{network}/y"],
-                                   whole_model(store.model_files[network], x),
-                                   rtol=1e-4, atol=1e-5)
+        assert_like_whole_model(answer["outputs"][f"{network}/y"],
+                                whole_model(store.model_files[network], x))

@@ -247,8 +247,10 @@ def test_masa_zoo_json_and_exit_1_when_a_network_fails(
     assert (row["name"], row["stages"], row["conv_stages"], row["fc_stages"]) == (
         "agenet", 6, 3, 3)
     # Stages cut from ONNX Runtime's optimised graph (load mode mmap, fixed dims): its
-    # NCHWc weights pad channels to the block size and folded batch norms add biases.
-    assert weight_bytes("agenet", 0.05) <= row["weight_bytes"] <= 1.1 * weight_bytes("agenet", 0.05)
+    # NCHWc weights pad channels to the block size and folded batch norms add biases
+    # (+11% at this scale with onnxruntime 1.32, above the 1.1 bound this test had).
+    dry_bytes = weight_bytes("agenet", 0.05)
+    assert dry_bytes <= row["weight_bytes"] <= 1.2 * dry_bytes
     assert row["exec_ms"] is None
     assert report["failed"] == [] and report["scale"] == 0.05
 
