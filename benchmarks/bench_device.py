@@ -34,6 +34,7 @@ not run yet marked as missing.
     sudo python benchmarks/bench_device.py [--cache DIR] [--max-minutes M] [--only small,mixed]
     sudo python benchmarks/bench_device.py --rerun 'mixed|512MiB|rho0.7'   # after a change
     python benchmarks/bench_device.py --doc-only          # re-render from the results
+    python benchmarks/bench_device.py --sensitivity 'small|512MiB|rho0.7|60s|w2|oblivious|'
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -526,6 +527,40 @@ def resimulate(args: argparse.Namespace) -> None:
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
+SENSITIVITY_SCALES = (1.0, 1.1, 1.2, 1.3, 1.4)
+
+
+def sensitivity(args: argparse.Namespace) -> None:
+    """Print how the simulated mean of the named cells' recorded runs moves when every
+    task takes longer than the pinned model says (its CPU factors x each scale): how
+    much of the simulator's error near saturation the per-task times explain."""
+    pin = pinned_stores(args)
+    results = current(load_results(args.results), pin)
+    read_bps = load_device(BOARD).read_bytes_per_s or 1
+    cells = [c for c in grid() if any(_names(k, c.key) for k in args.sensitivity)]
+    if not cells:
+        raise SystemExit(f"--sensitivity: no cell of the grid is named by {args.sensitivity}")
+    with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
+        for cell in cells:
+            store = store_of(cell, args)
+            workload = cell_workload(cell, store, Path(scratch), read_bps,
+                                     pin.cpu_factor_by_network)
+            prepared = prepare_run(workload, store, cell.context)
+            for record in [r for r in results if r["key"] == cell.key]:
+                base_bytes = round(record["base_mib"] * MIB)
+                device = board(base_bytes + cell.budget_mib * MIB)
+                means = []
+                for scale in SENSITIVITY_SCALES:
+                    factors = {name: pin.cpu_factor_by_network.get(name, 1.0) * scale
+                               for name in prepared.workload.networks}
+                    sim = simulate(record["policy"], prepared, device, base_bytes, factors,
+                                   cell)["simulated_cpu"]
+                    means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
+                print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
+                      f" s; simulated with every task's time x scale: {', '.join(means)}",
+                      flush=True)
+
+
 def store_of(cell: Cell, args: argparse.Namespace) -> Path:
     store = args.cache if cell.store == "mmap" else args.copy_cache
     if cell.memory_scale != 1.0:
@@ -631,7 +666,16 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * (ratio - 1):+.0f}%"
 
 
-def cell_rows(results: Sequence[dict[str, Any]], only_run: bool = False) -> list[str]:
+def simulated_side(runs: dict[str, dict[str, Any]]) -> str:
+    """The simulation a cell's table row shows: with the pinned CPU factors when the
+    runs have it (the model the offered load is computed with), else on the profile."""
+    return ("simulated_cpu" if all("simulated_cpu" in r for r in runs.values())
+            else "simulated")
+
+
+def cell_rows(results: Sequence[dict[str, Any]], only_run: bool = False,
+              side_of: Callable[[dict[str, dict[str, Any]]], str] = simulated_side,
+              ) -> list[str]:
     by_cell = _by_cell(results)
     lines = ["| scenario | budget | rho | arrivals, jobs | context | masa | bulk | deepeye "
              "| masa vs bulk | simulated masa | bulk | deepeye | masa vs bulk | run length "
@@ -649,13 +693,14 @@ def cell_rows(results: Sequence[dict[str, Any]], only_run: bool = False) -> list
             continue
         real = [_figure((runs.get(p) or {}).get("real")) if p in runs else "*missing*"
                 for p in POLICIES]
-        sim = [_figure((runs.get(p) or {}).get("simulated")) for p in POLICIES]
+        side = side_of(runs)
+        sim = [_figure((runs.get(p) or {}).get(side)) for p in POLICIES]
         wall = sum(r["wall_s"] for r in runs.values())
         loads = [r["load_before"] for r in runs.values()] + [r["load_after"]
                                                               for r in runs.values()]
         commits = sorted({r["commit"] for r in runs.values()})
         lines.append(head + " " + " | ".join(real) + f" | {_pct(_ratio(runs, 'real'))} | "
-                     + " | ".join(sim) + f" | {_pct(_ratio(runs, 'simulated'))} | "
+                     + " | ".join(sim) + f" | {_pct(_ratio(runs, side))} | "
                      f"{wall:.0f} s | {min(loads):.1f}-{max(loads):.1f} | "
                      f"{', '.join(commits)} | {_paper(cell)} |")
     return lines
@@ -675,7 +720,7 @@ def superseded_lines(superseded: Sequence[dict[str, Any]]) -> list[str]:
         "not at the load the column says, and its simulated figures cannot be computed "
         "again. Where the SD card set the rate the workload is the same on either "
         "profile: those runs are adopted above.", "",
-        *cell_rows(superseded, only_run=True), ""]
+        *cell_rows(superseded, only_run=True, side_of=lambda runs: "simulated"), ""]
 
 
 def _paper(cell: Cell) -> str:
@@ -684,9 +729,22 @@ def _paper(cell: Cell) -> str:
     return PAPER_GAIN.get(cell.scenario, "-")
 
 
+def bound_by(record: dict[str, Any]) -> str:
+    """"card" where the scenario's stage files cannot stay cached under the cap (as
+    `job_work_us` counts them), else "cpu"."""
+    held_mib = record["stage_files_mib"] * (2 if record.get("store") == "copy" else 1)
+    return "card" if held_mib > record["budget_mib"] else "cpu"
+
+
+def _short(record: dict[str, Any]) -> str:
+    return (f"{record['scenario']}{' copy' if record.get('store') == 'copy' else ''} "
+            f"{record['budget_mib']} MiB/{record['rho']}/{record['span_s']} s")
+
+
 def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
     """The simulator (`side`: simulated or simulated_cpu) against the emulated device,
-    over every run with both."""
+    over every run with both: mean errors and masa/bulk ratio gaps, each with the
+    resource that binds (`bound_by`) and the cell's short name."""
     errors, kills, ratio_gaps = [], {"both": 0, "real only": 0, "simulated only": 0}, []
     for runs in _by_cell(results).values():
         for record in runs.values():
@@ -694,7 +752,7 @@ def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
             if sim is None:
                 continue
             if real["status"] == sim["status"] == "finished" and real["mean_ms"]:
-                errors.append(sim["mean_ms"] / real["mean_ms"] - 1)
+                errors.append((bound_by(record), sim["mean_ms"] / real["mean_ms"] - 1))
             killed = (real["status"] == "killed", sim["status"] == "killed")
             if killed == (True, True):
                 kills["both"] += 1
@@ -704,8 +762,33 @@ def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
                 kills["simulated only"] += 1
         real_ratio, sim_ratio = _ratio(runs, "real"), _ratio(runs, side)
         if real_ratio is not None and sim_ratio is not None:
-            ratio_gaps.append(100 * (sim_ratio - real_ratio))
+            record = runs["masa"]
+            ratio_gaps.append((bound_by(record), _short(record),
+                               100 * (sim_ratio - real_ratio)))
     return {"mean_errors": errors, "kills": kills, "ratio_gaps_pp": ratio_gaps}
+
+
+BOUND_TITLE = {"card": "Where the SD card binds", "cpu": "Where the CPU binds"}
+
+
+def _calibration_side(found: dict[str, Any]) -> list[str]:
+    kills = found["kills"]
+    lines = [f"- Kills: predicted and real {kills['both']}, real but not predicted "
+             f"{kills['real only']}, predicted but not real {kills['simulated only']}."]
+    for bound, title in BOUND_TITLE.items():
+        errors = [e for b, e in found["mean_errors"] if b == bound]
+        gaps = [(name, g) for b, name, g in found["ratio_gaps_pp"] if b == bound]
+        if not errors:
+            continue
+        misses = ", ".join(f"{name} {g:+.0f}" for name, g in gaps if abs(g) > 15)
+        lines.append(
+            f"- {title}: mean response, simulated / real - 1, median "
+            f"{np.median(errors):+.0%}, range {min(errors):+.0%} to {max(errors):+.0%}, "
+            f"within 30% in {int(np.sum(np.abs(errors) <= 0.3))} of {len(errors)} runs; "
+            f"masa/bulk ratio within 15 points of the real one in "
+            f"{sum(abs(g) <= 15 for _, g in gaps)} of {len(gaps)} cells"
+            + (f" (misses, simulated - real: {misses})." if misses else "."))
+    return lines
 
 
 def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
@@ -723,21 +806,7 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                   + ", ".join(f"{network} {factor}x" for network, factor in fitted.items())
                   + ".", ""]
     for side, title in sides:
-        found = calibration(results, side)
-        errors, gaps, kills = found["mean_errors"], found["ratio_gaps_pp"], found["kills"]
-        lines += [f"{title}:", "", f"- Runs where both finished: {len(errors)}."]
-        if errors:
-            within = int(np.sum(np.abs(errors) <= 0.3))
-            lines.append(f"- Mean response, simulated / real - 1: median "
-                         f"{np.median(errors):+.0%}, range {min(errors):+.0%} to "
-                         f"{max(errors):+.0%}; within 30% in {within} of {len(errors)} runs.")
-        lines.append(f"- Kills: predicted and real {kills['both']}, real but not predicted "
-                     f"{kills['real only']}, predicted but not real {kills['simulated only']}.")
-        if gaps:
-            lines.append(f"- masa/bulk ratio of mean response, simulated - real: "
-                         f"{', '.join(f'{g:+.0f}' for g in gaps)} percentage points (within "
-                         f"15 in {sum(abs(g) <= 15 for g in gaps)} of {len(gaps)} cells).")
-        lines.append("")
+        lines += [f"{title}:", "", *_calibration_side(calibration(results, side)), ""]
     reads = [(r["simulated"]["read_mib"], r["real"]["read_mib"])
              for runs in _by_cell(results).values() for r in runs.values()
              if r.get("simulated") and r["real"]["status"] == r["simulated"]["status"]
@@ -768,7 +837,8 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
             record = by_cell[cell.key].get(policy)
             if record is None:
                 continue
-            real, sim = record["real"], record.get("simulated") or {}
+            real = record["real"]
+            sim = record.get(simulated_side(by_cell[cell.key])) or {}
             color = f"C{index}"
             if real["status"] == "finished":
                 axis.bar(x, real["mean_ms"] / 1e3, 0.25, color=color,
@@ -846,7 +916,9 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "measured base.",
         "- Figures: mean / p99 job response in seconds; *killed at t s (k jobs done)*: "
         "the run's OOM kill, t from the first job's start; *masa vs bulk*: Masa's mean "
-        "against Bulk's when both finished. Run length: wall time of the cell's runs; "
+        "against Bulk's when both finished; *simulated*: with the pinned CPU factors "
+        "where the run recorded that simulation (every run on the pinned profile), "
+        "else on the profile alone. Run length: wall time of the cell's runs; "
         "load avg: the machine's 1-minute load average before and after each run.",
         "",
         "## The grid",
@@ -889,7 +961,9 @@ Written on 2026-11-24 from the runs on the pinned profile: the 17 cells where th
 SD card sets the arrival rate (measured on 2026-11-23/24, most of them with locked
 weights; adopted when the profile was pinned, since their workload did not change)
 and the cells measured since the pin (commit a9d960b and later in the commit
-column). The tables are regenerated from the results file; this text is not.
+column). The tables are regenerated from the results file; this text is not. The
+sensitivity figures below come from simulating recorded cells again with every
+task's time scaled (`python benchmarks/bench_device.py --sensitivity KEY`).
 
 - **The first grid's CPU-bound cells are superseded.** It planned with a profile
   measured on a busy machine that was not kept; profiled again on a quiet
@@ -908,8 +982,10 @@ column). The tables are regenerated from the results file; this text is not.
   change the bytes read. Masa's mean was within 5% of the best baseline's in
   every such cell at 60 s (-5% to +4.8%: stochastic II at 512 MiB / 0.9, 31.9 s
   against DeepEye's 33.6 s and Bulk's 35.2 s; at 1 GiB / 0.9, 22.2 s against
-  DeepEye's 21.2 s). The exception is stochastic I at 512 MiB over 120 s (+13%
-  against Bulk, measured before the lock). The paper's -30% at 512 MiB is not
+  DeepEye's 21.2 s). The exceptions are stochastic I at 512 MiB over 120 s (+13%
+  against Bulk, measured before the lock) and mixed with copied weights at 1 GiB
+  (10.7 s against DeepEye's 9.6 s, +11%; the card binds there because a LOAD
+  holds each file twice). The paper's -30% at 512 MiB is not
   reproduced on a cold card.
 - **Locked weights.** A stage loaded ahead of its EXEC used to have its weight
   pages reclaimed under the cap before they were used, and read them again inside
@@ -921,21 +997,59 @@ column). The tables are regenerated from the results file; this text is not.
   and Bulk's whole networks fit at scale 1. With copied weights every policy,
   Masa included, was killed in mixed at 512 MiB, since EmotionNet's fc6 needs
   576 MiB to load.
-- **Where the CPU binds, on the pinned profile:** CPU_BOUND_FINDINGS
-- **The simulator.** On the pinned profile it predicted every kill measured
-  (3 of 3, none extra) and the bytes read from the card (median 1.08x). Its
-  masa/bulk ratio was within 15 points of the real one in 14 of the 16 SD-card
-  cells; it misses stochastic I at 1 GiB (+18 and +22 points: it has Masa 17%
-  slower than Bulk, the device -1% and -4%). Its mean response was within 30%
-  in 42 of 48 runs with the pinned CPU factors (40 of 48 on the profile alone);
-  the misses are lifelogging at 1 GiB (26 s simulated, 17 s real: the kernel
-  keeps more of the store cached under the cap than the simulator's page-cache
-  room, which it derives from the ledger's reservations). With two busy workers
-  an EXEC took 1.24-1.57x its quiet profiled time (memory bandwidth and caches
-  shared); the first, busy-machine profile was off by 0.34-1.6x per network,
-  which no single factor could fix. So of the acceptance targets "every kill
-  predicted" holds; "ratio within 15 points in every cell" and "mean within
-  30%" do not yet."""
+- **Where the CPU binds** (small at every budget, mixed at 1 and 2 GiB,
+  lifelogging and stochastic I and II at 2 GiB, heavy, light: the stage files stay
+  cached after their first read), measured on the pinned profile, means Masa /
+  Bulk / DeepEye: small at 0.7, 2.8-3.8 s / 21.9-23.0 s / 17.5-21.8 s (Masa at
+  0.12-0.17x Bulk's mean); small at 0.9, 11.4 s and 13.2 s against 37.5 s and
+  34.7 s (0.30x, 0.38x); mixed at 1 GiB, 12.2 / 33.2 / 13.2 s at 0.7 (0.37x) and
+  21.4 / 47.8 / 24.1 s at 0.9 (0.45x); mixed at 2 GiB 0.38x; stochastic I and II
+  at 2 GiB 0.66x and 0.65x (-12% and -13% against DeepEye); light 2.3 / 14.6 /
+  4.9 s; heavy 10.7 / 21.9 / 258.5 s, where DeepEye, which loads whole networks
+  beside each other, thrashed: 16.6 GiB read from the card for 0.94 GiB of stage
+  files. Masa lost one cell at 60 s, lifelogging at 2 GiB (25.9 s against
+  DeepEye's 21.4 s, +21%); over 120 s it is 19.2 s against 19.7 s (-3%): the
+  loss was the cold start, where the first 1.1 GB come off the card at 44 MB/s
+  (our reading, not measured per job: Masa's smallest-first order reads every
+  network's small stages before any job's large ones). With memory estimates
+  misjudged 0.5x and 1.5x, Masa stayed
+  within the cap with no over-commit (0.38x and 0.41x Bulk's mean; at 1.5x,
+  13.7 s against DeepEye's 12.4 s, +10%).
+- **Run length, where the CPU binds.** Masa's mean falls with the run's length
+  (the cold start weighs less) and the baselines' grows: small at 512 MiB / 0.7,
+  60 s then 120 s: Masa 3.8 -> 2.3 s, Bulk 23.0 -> 38.9 s, DeepEye 21.8 -> 38.4 s;
+  mixed at 1 GiB / 0.7: Masa 12.2 -> 7.1 s, Bulk 33.2 -> 46.1 s, DeepEye 13.2 ->
+  11.4 s (Masa 0.15x Bulk, -38% against DeepEye over 120 s); lifelogging at
+  2 GiB: Masa 25.9 -> 19.2 s, Bulk 45.9 -> 52.1 s. Bulk's queue grows without
+  bound at these loads (its last job ended 77-80 s after the last arrival in
+  the 120 s runs, Masa's within 0-12 s), so no run length gives it a steady
+  mean, and the masa/bulk ratios in the 60 s cells understate Masa's advantage.
+- **The offered load undercounts the device's work.** The label counts each task
+  at its pinned time; measured in the same runs, LOADs took 1.3-1.6x (small,
+  light) and 0.9-1.3x (the others) and Masa's EXECs 1.05-1.22x the times the
+  simulator gives them on the same model (its cold reads included), so at the
+  label 0.7 Masa's workers were close to
+  saturated (in small its last job ended 2-4 s after the last arrival) and at
+  0.9 over it (19-22 s after). The issue's target of 0.3x Bulk's mean at 0.7 and
+  0.9 holds in small at 0.7 (0.12-0.17x) and 512 MiB / 0.9 (0.30x), and in mixed
+  at 1 GiB over 120 s (0.15x); not in small at 1 GiB / 0.9 (0.38x), in mixed
+  at 1 GiB / 0.9 over 60 s (0.45x), nor where the card binds (the policies tie).
+- **The simulator.** It predicted every kill measured (3 of 3, none extra) and
+  the bytes read from the card (median 0.99x). Where the card binds it is close:
+  mean response within 30% in 42 of 51 runs and the masa/bulk ratio within 15 points
+  in 15 of 17 cells (it misses stochastic I at 1 GiB, +18 and +22 points: it has
+  Masa 17% slower than Bulk, the device -1% and -4%). Where the CPU binds it is
+  far too fast (median -35% with the pinned CPU factors, Masa's mean 0.4 s
+  against 3.8 s in small): near saturation the mean is hypersensitive to the
+  per-task times, and the 5-60% they are off by above (`fit_cpu` measures the
+  EXEC factors 6-12% higher in this grid than in the 5 runs that pinned them)
+  is the whole difference: the same simulation with every task 1.2x longer gives
+  mixed at 1 GiB / 0.7 11.2 / 34.5 / 16.1 s (real 12.2 / 33.2 / 13.2), and
+  small at 512 MiB / 0.7 needs 1.4x to give Masa 4.2 s (real 3.8 s). Of the
+  acceptance targets "every kill predicted" holds; "ratio within 15 points in
+  every cell" and "mean within 30%" do not: the next step is LOAD factors per
+  network measured like the EXEC ones, on warm stores, pinned beside them and
+  counted in the offered load."""
 
 
 
@@ -965,7 +1079,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="re-render the page from the results file")
     parser.add_argument("--resimulate", action="store_true",
                         help="simulate the recorded runs again (not while a run goes on)")
+    parser.add_argument("--sensitivity", type=lambda t: [k for k in t.split(",") if k],
+                        default=[], help="print the named cells' simulated means with every "
+                        "task's time scaled 1.0-1.4x (keys as for --rerun); nothing written")
     args = parser.parse_args(argv)
+    if args.sensitivity:
+        sensitivity(args)
+        return 0
     if args.resimulate:
         resimulate(args)
     elif not args.doc_only:
