@@ -553,3 +553,32 @@ def _set_last(backend: Any, unmodelled_bytes: int) -> int:
     backend.last_unmodelled_bytes = unmodelled_bytes
     return unmodelled_bytes
 
+
+
+def test_measured_memory_leaves_out_file_pages_that_are_not_weights(tmp_path: Path) -> None:
+    """A decision's measured memory is anonymous memory above the baseline plus the
+    loaded stages' weights: file pages the process maps beside them (ONNX Runtime's
+    kernels paged in during a run) are the runtime base's, and neither the core nor
+    the report's peak count them. It used to report the resident set above the
+    baseline, so a run that paged in more library code looked over its budget."""
+    import mmap
+
+    from masa.runtime.threads import RealRunConfig, ThreadBackend
+
+    backend = ThreadBackend({}, lambda *args: {},
+                            RealRunConfig(workers=1, memory_budget_bytes=64 * MIB))
+    backend.meter.begin()
+    try:
+        before = backend.measured_bytes()
+        assert before is not None
+        library = tmp_path / "library.so"
+        library.write_bytes(np.random.default_rng(0).bytes(32 * MIB))
+        with library.open("rb") as file, mmap.mmap(file.fileno(), 0,
+                                                   access=mmap.ACCESS_READ) as mapped:
+            touched = sum(mapped[i] for i in range(0, len(mapped), PAGE_BYTES))
+            split = resident_split()
+            assert split.file_backed_bytes - backend.meter.baseline.file_backed_bytes \
+                >= 24 * MIB, touched  # the pages are resident, file-backed
+            assert backend.measured_bytes() < before + 8 * MIB
+    finally:
+        backend.meter.finish()

@@ -108,7 +108,8 @@ class RunOutcome:
     over_commits: list[OverCommit]
     peak_reserved_bytes: int
     final_reserved_bytes: int
-    memory_timeline: list[tuple[int, int, int | None]]  # (time_us, reserved, rss or None)
+    # (time_us, reserved, measured memory above the baseline: real runs only, else None)
+    memory_timeline: list[tuple[int, int, int | None]]
     # Anonymous above the run's baseline + loaded stages' weights in memory (real runs)
     peak_measured_bytes: int | None = None
     live_sessions_after: int = 0
@@ -364,8 +365,7 @@ def _real_outcome(prepared: PreparedRun, settings: RunSettings,
         network_reason=result.group_reason, over_commits=result.over_commits,
         peak_reserved_bytes=result.peak_reserved_bytes,
         final_reserved_bytes=result.final_reserved_bytes,
-        memory_timeline=[(t, reserved, None if rss is None else rss - result.baseline_rss_bytes)
-                         for t, reserved, rss in result.memory_timeline],
+        memory_timeline=result.memory_timeline,
         peak_measured_bytes=result.peak_measured_bytes,
         live_sessions_after=result.live_sessions_after,
         dispatch_order=result.dispatch_order, errors=result.errors,

@@ -131,7 +131,8 @@ class RealRunResult:
     over_commits: list[OverCommit]
     peak_reserved_bytes: int
     final_reserved_bytes: int
-    memory_timeline: list[tuple[int, int, int | None]]  # (time_us, reserved, rss or None)
+    # (time_us, reserved, measured memory above the baseline or None)
+    memory_timeline: list[tuple[int, int, int | None]]
     baseline_rss_bytes: int  # at begin(), after release_memory()
     peak_rss_bytes: int  # VmHWM when it could be reset at begin(), else the samples' peak
     live_sessions_after: int
@@ -439,7 +440,7 @@ class ThreadBackend:
         self.inputs_ready: set[str] = set()
         self.start_s = clock()
         self.meter = _ResidentMeter(self.stages.stage_file_bytes)
-        self.decision_sample: ResidentSplit | None = None  # taken by before_select
+        self.decision_measured_bytes: int | None = None  # taken by before_select
         self.pending_unload = False
         self.last_unmodelled_bytes: int | None = None  # at the last decision (measured)
         # Unmodelled memory a trim left (or less, read since with nothing running)
@@ -587,17 +588,22 @@ class ThreadBackend:
 
     def _unmodelled_bytes(self, state: SchedulerState) -> int:
         """Measured memory beyond what the ledger reserves, from a new decision sample."""
-        split, measured_bytes = self.meter.sample(self.now_us())
-        self.decision_sample = split
+        _, measured_bytes = self.meter.sample(self.now_us())
+        self.decision_measured_bytes = measured_bytes
         self.last_unmodelled_bytes = max(0, measured_bytes - state.ledger.reserved_bytes)
         return self.last_unmodelled_bytes
 
     def measured_bytes(self) -> int | None:
-        split = self.decision_sample
-        self.decision_sample = None
-        if split is None:
-            split, _ = self.meter.sample(self.now_us())
-        return split.resident_bytes
+        """Measured memory now, above the baseline: anonymous memory plus the loaded
+        stages' weights in memory (the decision's sample when it took one). Not the
+        resident set: that also holds the library code a run pages in (ONNX Runtime's
+        kernels, clean file pages of the runtime base), reported apart as
+        peak_rss_above_baseline_bytes."""
+        measured_bytes = self.decision_measured_bytes
+        self.decision_measured_bytes = None
+        if measured_bytes is None:
+            _, measured_bytes = self.meter.sample(self.now_us())
+        return measured_bytes
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
         self.stages.run_options.pop(task.task_id, None)
