@@ -493,8 +493,9 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "Columns: mean job response (arrival to last network finished) per policy; "
         "`masa vs X` = masa mean / X mean - 1 (negative: Masa faster); peak reserved = "
         "the ledger's peak (memory-oblivious Bulk/DeepEye reserve too, so their "
-        "over-budget peaks show); peak measured = process RSS above the run's baseline "
-        "(real runs only); over-commits = progress-rule dispatches above the budget.",
+        "over-budget peaks show); peak measured = anonymous memory above the run's "
+        "baseline + loaded weights (real runs only); over-commits = progress-rule "
+        "dispatches above the budget.",
         "",
         *analysis_lines(args),
         f"## Headline: rho = {args.rho}",

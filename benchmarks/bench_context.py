@@ -319,8 +319,8 @@ def write_markdown(path: Path, args: argparse.Namespace, command: str,
         "spent on networks later aborted (report summary.wasted_us) per job, and the "
         "bytes those networks had loaded per job; aborted nets / skipped nets = network "
         "instances aborted (preempt) / skipped (wait) over all jobs; peak reserved (ledger) "
-        "and peak measured (RSS above baseline, real runs); over-commits = progress-rule "
-        "dispatches above the budget.",
+        "and peak measured (anonymous above the baseline + loaded weights, real runs); "
+        "over-commits = progress-rule dispatches above the budget.",
         "",
         *analysis_lines(args),
         "![context](bench-context.png)",
