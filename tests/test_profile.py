@@ -206,7 +206,11 @@ def test_without_clear_refs_the_sampled_peak_is_used(network: NetworkManifest) -
     profile = profiles["s1_fc"]
     assert profile.load_peak_bytes == profile.sampled_load_peak_bytes
     assert profile.exec_peak_bytes == profile.sampled_exec_peak_bytes
-    assert profile.load_peak_bytes >= profile.resident_bytes >= network.stages[1].weight_bytes
+    # Resident bytes are a difference of two RSS readings, in pages: the heap may hand
+    # a page back to the OS between them (seen once with onnxruntime 1.18).
+    page_bytes = os.sysconf("SC_PAGE_SIZE")
+    assert profile.load_peak_bytes >= profile.resident_bytes
+    assert profile.resident_bytes >= network.stages[1].weight_bytes - page_bytes
 
 
 def test_random_inputs_are_seeded_and_fix_dynamic_dims() -> None:
