@@ -231,9 +231,7 @@ def job_work_us(prepared: PreparedRun, workers: int, read_bytes_per_s: int,
     """A job's expected time on the device's busier resource: the workers' CPU (the
     profiled work, EXECs times the pinned CPU factor of their network, / workers) or
     the SD card (the job's stage files / its bandwidth, counted only when the
-    scenario's stage files cannot stay in the page cache between jobs: when they are
-    larger than the budget, or than half of it for copied weights, which a LOAD
-    holds a second time in the process's own memory)."""
+    scenario's stage files cannot stay in the page cache between jobs, `card_binds`)."""
     manifests = prepared.manifests
     names = prepared.workload.networks
     per_job = networks_per_job(prepared.workload) / len(names)
@@ -247,9 +245,17 @@ def job_work_us(prepared: PreparedRun, workers: int, read_bytes_per_s: int,
     file_bytes = sum(sum((m.stage_path(s).stat().st_size
                           + _size(m.directory / s.data_file)) for s in m.stages)
                      for m in (manifests[n] for n in names))
-    held_bytes = file_bytes * (2 if any(manifests[n].load_mode == "copy" for n in names) else 1)
-    read_us = per_job * file_bytes * 1e6 / read_bytes_per_s if held_bytes > budget_bytes else 0
+    copied = any(manifests[n].load_mode == "copy" for n in names)
+    read_us = (per_job * file_bytes * 1e6 / read_bytes_per_s
+               if card_binds(file_bytes, copied, budget_bytes) else 0)
     return max(cpu_us, read_us)
+
+
+def card_binds(file_bytes: float, copied: bool, budget_bytes: float) -> bool:
+    """Whether the stage files cannot stay in the page cache between jobs: they are
+    larger than the budget, or than half of it for copied weights (a LOAD holds them
+    a second time in the process's own memory)."""
+    return file_bytes * (2 if copied else 1) > budget_bytes
 
 
 def _size(path: Path) -> int:
@@ -491,6 +497,12 @@ def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple
                 yield cell, policy
 
 
+def recorded_device(record: dict[str, Any], cell: Cell) -> tuple[Device, int]:
+    """The emulated device a recorded run had, and its measured runtime base."""
+    base_bytes = round(record["base_mib"] * MIB)
+    return board(base_bytes + cell.budget_mib * MIB), base_bytes
+
+
 def resimulate(args: argparse.Namespace) -> None:
     """Simulate every run made on the pinned profile again with today's simulator (the
     real figures stay). Older records whose workload the pinned profile leaves as it
@@ -519,10 +531,9 @@ def resimulate(args: argparse.Namespace) -> None:
             record["stage_files_mib"] = stage_files_mib(prepared)
             if cell.memory_scale != 1.0:
                 continue
-            base_bytes = round(record["base_mib"] * MIB)
+            device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
-            record.update(simulate(record["policy"], prepared,
-                                   board(base_bytes + cell.budget_mib * MIB), base_bytes,
+            record.update(simulate(record["policy"], prepared, device, base_bytes,
                                    pin.cpu_factor_by_network, cell))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
@@ -547,8 +558,7 @@ def sensitivity(args: argparse.Namespace) -> None:
                                      pin.cpu_factor_by_network)
             prepared = prepare_run(workload, store, cell.context)
             for record in [r for r in results if r["key"] == cell.key]:
-                base_bytes = round(record["base_mib"] * MIB)
-                device = board(base_bytes + cell.budget_mib * MIB)
+                device, base_bytes = recorded_device(record, cell)
                 means = []
                 for scale in SENSITIVITY_SCALES:
                     factors = {name: pin.cpu_factor_by_network.get(name, 1.0) * scale
@@ -730,10 +740,9 @@ def _paper(cell: Cell) -> str:
 
 
 def bound_by(record: dict[str, Any]) -> str:
-    """"card" where the scenario's stage files cannot stay cached under the cap (as
-    `job_work_us` counts them), else "cpu"."""
-    held_mib = record["stage_files_mib"] * (2 if record.get("store") == "copy" else 1)
-    return "card" if held_mib > record["budget_mib"] else "cpu"
+    """"card" where the run's stage files cannot stay cached (`card_binds`), else "cpu"."""
+    return ("card" if card_binds(record["stage_files_mib"], record.get("store") == "copy",
+                                 record["budget_mib"]) else "cpu")
 
 
 def _short(record: dict[str, Any]) -> str:
@@ -1041,7 +1050,7 @@ task's time scaled (`python benchmarks/bench_device.py --sensitivity KEY`).
   Masa 17% slower than Bulk, the device -1% and -4%). Where the CPU binds it is
   far too fast (median -35% with the pinned CPU factors, Masa's mean 0.4 s
   against 3.8 s in small): near saturation the mean is hypersensitive to the
-  per-task times, and the 5-60% they are off by above (`fit_cpu` measures the
+  per-task times, and the errors above, up to 60% (`fit_cpu` measures the
   EXEC factors 6-12% higher in this grid than in the 5 runs that pinned them)
   is the whole difference: the same simulation with every task 1.2x longer gives
   mixed at 1 GiB / 0.7 11.2 / 34.5 / 16.1 s (real 12.2 / 33.2 / 13.2), and
