@@ -44,10 +44,11 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,15 @@ def grid() -> list[Cell]:
 @dataclass(frozen=True)
 class Pin:
     """The pinned profile (store kind -> network -> each stage's profile) and CPU
-    factors (each network's EXEC time on this emulated device per profiled time);
-    every record made on them carries their fingerprint."""
+    factors (each network's EXEC time on this emulated device per profiled time),
+    which set the workloads: every record made on them carries their fingerprint.
+    And the executor's dispatch time per task (`measure_dispatch`), which only the
+    simulator uses: each record says which it was simulated with."""
     stores: dict[str, dict[str, list[Any]]]
     cpu_factor_by_network: dict[str, float]
     cpu_source: str = ""
+    dispatch_us: int = 0
+    dispatch_source: str = ""
 
     @property
     def fingerprint(self) -> str:
@@ -168,13 +173,15 @@ class Pin:
                      "these figures (written into the manifests), and the offered load "
                      "is computed from them with the CPU factors",
             "cpu_factor_by_network": self.cpu_factor_by_network,
-            "cpu_source": self.cpu_source, "stores": self.stores}, indent=1) + "\n")
+            "cpu_source": self.cpu_source, "dispatch_us": self.dispatch_us,
+            "dispatch_source": self.dispatch_source, "stores": self.stores}, indent=1) + "\n")
 
 
 def load_pin(path: Path) -> Pin:
     raw = json.loads(path.read_text()) if path.is_file() else {}
     return Pin(raw.get("stores", {}), raw.get("cpu_factor_by_network", {}),
-               raw.get("cpu_source", ""))
+               raw.get("cpu_source", ""), raw.get("dispatch_us", 0),
+               raw.get("dispatch_source", ""))
 
 
 def _profiles(store: Path) -> dict[str, list[Any]]:
@@ -191,7 +198,7 @@ def pin_store(store: Path, kind: str, pin: Pin, path: Path) -> Pin:
     found = _profiles(store)
     pinned = pin.stores.get(kind)
     if pinned is None:
-        pin = Pin({**pin.stores, kind: found}, pin.cpu_factor_by_network, pin.cpu_source)
+        pin = replace(pin, stores={**pin.stores, kind: found})
         pin.save(path)
         return pin
     if set(pinned) != set(found):
@@ -215,6 +222,59 @@ def pinned_stores(args: argparse.Namespace) -> Pin:
     pin = pin_store(args.cache, "mmap", load_pin(args.pin), args.pin)
     if args.copy_cache is not None:
         pin = pin_store(args.copy_cache, "copy", pin, args.pin)
+    return pin
+
+
+# Dispatch time: these scenarios, this many jobs each, at twice the rate the workers
+# can take, so that a worker always has a task waiting.
+DISPATCH_JOBS = {"small": 250, "mixed": 60, "lifelogging": 60}
+DISPATCH_RHO = 2.0
+
+
+def dispatch_gaps_us(trace: dict[str, Any]) -> list[int]:
+    """The gaps between consecutive tasks on each worker of a Chrome trace."""
+    spans_by_worker: dict[int, list[tuple[int, int]]] = {}
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X":
+            spans_by_worker.setdefault(event["tid"], []).append((event["ts"], event["dur"]))
+    gaps = []
+    for spans in spans_by_worker.values():
+        spans.sort()
+        gaps += [start_us - (before_us + duration_us) for (before_us, duration_us), (start_us, _)
+                 in zip(spans[:-1], spans[1:], strict=True)]
+    return gaps
+
+
+def measure_dispatch(args: argparse.Namespace) -> Pin:
+    """Pin the executor's own time per task (`DeviceModel.dispatch_us`): each scenario
+    of DISPATCH_JOBS run for real on the warm mmap store (no device, a budget that
+    never binds) at DISPATCH_RHO, so the queue never empties and every gap between
+    two tasks on a worker is the executor's hand-off and decision; the mean gap over
+    the scenarios' runs."""
+    pin = pinned_stores(args)
+    read_bps = load_device(BOARD).read_bytes_per_s or 1
+    means = {}
+    with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
+        for scenario, jobs in DISPATCH_JOBS.items():
+            cell = Cell(scenario, 2048, DISPATCH_RHO)
+            workload = cell_workload(cell, args.cache, Path(scratch), read_bps,
+                                     pin.cpu_factor_by_network)
+            trace = Path(scratch) / f"{scenario}.trace.json"
+            subprocess.run([sys.executable, "-m", "masa", "run", str(workload), "--store",
+                            str(args.cache), "--memory", "2GiB", "--jobs", str(jobs),
+                            "--trace", str(trace)], check=True, stdout=subprocess.DEVNULL)
+            means[scenario] = round(float(np.mean(dispatch_gaps_us(json.loads(
+                trace.read_text())))))
+            print(f"{scenario}: {jobs} jobs, mean gap between tasks on a worker "
+                  f"{means[scenario]} us", flush=True)
+    pin = replace(pin, dispatch_us=round(float(np.mean(list(means.values())))),
+                  dispatch_source=(
+                      "the mean gap between consecutive tasks on a worker in real runs "
+                      "with a queue that never empties (" + ", ".join(
+                          f"{scenario} {us} us" for scenario, us in means.items())
+                      + f"; warm store, no device; {datetime.now(UTC).date()}, load "
+                      f"{os.getloadavg()[0]:.1f}; `--measure-dispatch`)"))
+    pin.save(args.pin)
     return pin
 
 
@@ -382,14 +442,16 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "stage_files_mib": stage_files_mib(prepared), "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
         record.update(simulate(policy, prepared, device, base_bytes,
-                               pin.cpu_factor_by_network, cell))
+                               pin.cpu_factor_by_network, cell, pin.dispatch_us))
     return record
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cpu_by_network: dict[str, float], cell: Cell) -> dict[str, Any]:
+             cpu_by_network: dict[str, float], cell: Cell,
+             dispatch_us: int = 0) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    with each network's EXEC times x its pinned CPU factor ("simulated_cpu")."""
+    calibrated ("simulated_cpu": each network's tasks x its pinned CPU factor, and the
+    executor's dispatch time after every task)."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
@@ -399,9 +461,11 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
         sides.append(("simulated_cpu", cpu_by_network))
     for name, factors in sides:
         report = simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, device, base_bytes, cpu_factor_by_network=factors),
-            device, meta)
+            prepared.manifests, device, base_bytes, cpu_factor_by_network=factors,
+            dispatch_us=dispatch_us if factors else 0), device, meta)
         figures[name] = _stats(report)
+    if cpu_by_network:
+        figures["simulated_dispatch_us"] = dispatch_us
     return figures
 
 
@@ -534,7 +598,7 @@ def resimulate(args: argparse.Namespace) -> None:
             device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
             record.update(simulate(record["policy"], prepared, device, base_bytes,
-                                   pin.cpu_factor_by_network, cell))
+                                   pin.cpu_factor_by_network, cell, pin.dispatch_us))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -564,7 +628,7 @@ def sensitivity(args: argparse.Namespace) -> None:
                     factors = {name: pin.cpu_factor_by_network.get(name, 1.0) * scale
                                for name in prepared.workload.networks}
                     sim = simulate(record["policy"], prepared, device, base_bytes, factors,
-                                   cell)["simulated_cpu"]
+                                   cell, pin.dispatch_us)["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",
@@ -1088,12 +1152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="re-render the page from the results file")
     parser.add_argument("--resimulate", action="store_true",
                         help="simulate the recorded runs again (not while a run goes on)")
+    parser.add_argument("--measure-dispatch", action="store_true",
+                        help="measure the executor's dispatch time per task and pin it "
+                             "(then --resimulate)")
     parser.add_argument("--sensitivity", type=lambda t: [k for k in t.split(",") if k],
                         default=[], help="print the named cells' simulated means with every "
                         "task's time scaled 1.0-1.4x (keys as for --rerun); nothing written")
     args = parser.parse_args(argv)
     if args.sensitivity:
         sensitivity(args)
+        return 0
+    if args.measure_dispatch:
+        measure_dispatch(args)
         return 0
     if args.resimulate:
         resimulate(args)
