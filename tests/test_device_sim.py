@@ -179,21 +179,6 @@ def test_a_network_with_its_own_cpu_factor_takes_it_whatever_runs_beside_it() ->
     assert _durations(alone, "exec") == [100]
 
 
-
-
-def test_a_network_with_its_own_load_factor_takes_it_for_its_loads_only() -> None:
-    """load_factor_by_network scales a named network's LOADs (its EXECs keep the CPU
-    factor); a network not named there keeps its CPU factor for both."""
-    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor_by_network={"n0": 2.0, "n1": 2.0},
-                         load_factor_by_network={"n0": 3.0})
-    run = simulate_graph(merge([chain_network(0, 0, [100], load_us=100, exec_us=400),
-                                chain_network(1, 1, [100], load_us=100, exec_us=400)]),
-                         workers=2, memory_budget_bytes=10_000, device=device)
-    by_task = {e.task_id.split("/", 1)[1]: e.end_us - e.start_us for e in run.schedule}
-    assert {task: us for task, us in by_task.items() if task.endswith("/load")} == {
-        "n0/s0/load": 300, "n1/s0/load": 200}, by_task
-    assert {task: us for task, us in by_task.items() if task.endswith("/exec")} == {
-        "n0/s0/exec": 800, "n1/s0/exec": 800}, by_task
 def test_a_simulated_device_run_keeps_context_aware_conditions(tmp_path) -> None:
     """CA-wait on a simulated device: a downstream network whose label is never drawn
     is skipped, so its stage files are never read from the card."""

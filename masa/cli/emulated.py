@@ -117,7 +117,6 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                  runtime_base_bytes: int, cpu_factor: float = 1.0,
                  shared_cpu_factor: float | None = None,
                  cpu_factor_by_network: Mapping[str, float] | None = None,
-                 load_factor_by_network: Mapping[str, float] | None = None,
                  dispatch_us: int = 0) -> DeviceModel:
     return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
                        runtime_base_bytes=runtime_base_bytes,
@@ -125,7 +124,6 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                        stages=stage_storage(manifests), cold_cache=device.cold_cache,
                        cpu_factor=cpu_factor, shared_cpu_factor=shared_cpu_factor,
                        cpu_factor_by_network=dict(cpu_factor_by_network or {}),
-                       load_factor_by_network=dict(load_factor_by_network or {}),
                        dispatch_us=dispatch_us)
 
 

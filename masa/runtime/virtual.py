@@ -138,25 +138,17 @@ class DeviceModel:
     # amount for each network (small stages pay more fixed cost per run). A network
     # named here takes its factor instead of the two above.
     cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
-    # Per network, its LOADs' parse/setup time per profiled time, where it differs
-    # from its EXECs' (a LOAD creates a session: allocation and page faults, which
-    # slow down beside other work by another amount than arithmetic does). A network
-    # named here takes this factor for its LOADs instead of the ones above.
-    load_factor_by_network: Mapping[str, float] = field(default_factory=dict)
     # The executor's own time per task: from a task's end to the next start on its
     # worker (the completion's hand-off, the loop's decision, freeing the task's
     # memory), measured as the mean gap between tasks on a busy worker. The worker
     # is held that long after each task; the task's recorded end is not moved.
     dispatch_us: int = 0
 
-    def cpu_us(self, duration_us: int, running_tasks: int, network: str = "",
-               is_load: bool = False) -> int:
+    def cpu_us(self, duration_us: int, running_tasks: int, network: str = "") -> int:
         """A task's CPU time on the device: its profiled time, scaled by its network's
-        factor (its LOAD factor for a LOAD, when it has one), or else by the factor
-        for the number of tasks running as it starts (itself included)."""
-        factor = self.load_factor_by_network.get(network) if is_load else None
-        if factor is None:
-            factor = self.cpu_factor_by_network.get(network)
+        factor, or else by the factor for the number of tasks running as it starts
+        (itself included)."""
+        factor = self.cpu_factor_by_network.get(network)
         if factor is None:
             shared = self.shared_cpu_factor
             factor = self.cpu_factor if running_tasks <= 1 or shared is None else shared
@@ -220,9 +212,9 @@ class DeviceBackend(VirtualBackend):
         self.cache = _PageCache()
         self.mapped_loaded_bytes = 0
         self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
-        # Started since the last wait: (sequence, task id, network, is a LOAD,
-        # profiled us, storage us).
-        self._starting: list[tuple[int, str, str, bool, int, int]] = []
+        # Started since the last wait: (sequence, task id, network, profiled us,
+        # storage us).
+        self._starting: list[tuple[int, str, str, int, int]] = []
         self._state: SchedulerState | None = None
         self._ended_at_us: dict[str, int] = {}  # a task's end, before the dispatch time
         if not device.cold_cache:
@@ -261,7 +253,7 @@ class DeviceBackend(VirtualBackend):
         # Its end is fixed at the next wait, once every task of this decision has
         # started: tasks dispatched together share the CPU alike.
         self._starting.append((self._sequence, task.task_id, task.network,
-                               task.kind is TaskKind.LOAD, task.duration_us, extra_us))
+                               task.duration_us, extra_us))
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
         for task_id in task_ids:
@@ -270,9 +262,9 @@ class DeviceBackend(VirtualBackend):
 
     def wait(self, deadline_us: int | None) -> list[Completion]:
         running = len(self._running)
-        for sequence, task_id, network, is_load, duration_us, extra_us in self._starting:
+        for sequence, task_id, network, duration_us, extra_us in self._starting:
             if task_id in self._running:
-                cpu_us = self.device.cpu_us(duration_us, running, network, is_load)
+                cpu_us = self.device.cpu_us(duration_us, running, network)
                 end_us = self.clock_us + cpu_us + extra_us
                 if self.device.dispatch_us:
                     self._ended_at_us[task_id] = end_us
