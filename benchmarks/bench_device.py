@@ -870,8 +870,15 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                         for network, factor in sorted(pin.cpu_factor_by_network.items()))
     sides = [("simulated", "With the profile's CPU times")]
     if pin.cpu_factor_by_network:
-        sides.append(("simulated_cpu", f"With each network's EXEC times x its pinned CPU "
-                      f"factor ({factors}; other networks as profiled; {pin.cpu_source})"))
+        sides.append(("simulated_cpu", f"Calibrated: each network's tasks x its pinned CPU "
+                      f"factor ({factors}; other networks as profiled; {pin.cpu_source}), "
+                      f"and the executor's dispatch time, {pin.dispatch_us} us after every "
+                      f"task ({pin.dispatch_source})"))
+    stale = [r for r in results if r.get("simulated_cpu")
+             and r.get("simulated_dispatch_us", 0) != pin.dispatch_us]
+    if stale:
+        lines += [f"**{len(stale)} runs were simulated with another dispatch time than the "
+                  "pinned one: run `--resimulate`.**", ""]
     fitted = fit_cpu(results)
     if fitted:
         lines += ["The same factors measured again in this grid's runs whose stage files "
@@ -986,12 +993,14 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "on the same device model (masa.runtime.virtual.DeviceModel: LOAD = profiled time "
         "+ missed file bytes / bandwidth, an LRU page cache in the room the cap leaves, "
         "a kill when base + anonymous memory exceeds the cap) with the same jobs and the "
-        "measured base.",
+        "measured base; calibrated, each task's time x its network's pinned CPU factor and "
+        f"the executor's dispatch time ({pin.dispatch_us} us, `--measure-dispatch`) after "
+        "every task.",
         "- Figures: mean / p99 job response in seconds; *killed at t s (k jobs done)*: "
         "the run's OOM kill, t from the first job's start; *masa vs bulk*: Masa's mean "
-        "against Bulk's when both finished; *simulated*: with the pinned CPU factors "
-        "where the run recorded that simulation (every run on the pinned profile), "
-        "else on the profile alone. Run length: wall time of the cell's runs; "
+        "against Bulk's when both finished; *simulated*: calibrated (the pinned CPU "
+        "factors and dispatch time) where the run recorded that simulation (every run on "
+        "the pinned profile), else on the profile alone. Run length: wall time of the cell's runs; "
         "load avg: the machine's 1-minute load average before and after each run.",
         "",
         "## The grid",
