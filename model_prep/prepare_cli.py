@@ -150,8 +150,10 @@ def _prepare_locked(
         work_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{name}~", dir=store))
     except OSError as exc:
         raise UserError(f"{store}: cannot write the store: {exc.strerror or exc}") from None
-    log.debug("preparing %s in %s", name, work_dir)
     try:
+        # Inside the try: a signal that lands while this line is being logged (the
+        # handler runs Python code after the write) must still remove the folder.
+        log.debug("preparing %s in %s", name, work_dir)
         network_dir = work_dir / name
         started_s = time.perf_counter()
         with ProgressBar(f"split {name}", enabled=show_progress) as bar:

@@ -43,13 +43,18 @@ def test_a_cold_load_reads_its_file_and_a_second_load_hits_the_page_cache() -> N
     assert [job for job, _ in result.device.jobs_finished_before_kill] == [0, 1]
 
 
-def test_without_room_for_the_file_the_second_load_reads_it_again() -> None:
+def test_without_room_for_the_whole_file_the_second_load_reads_what_was_evicted() -> None:
+    """The kernel reclaims pages, not files: what the room keeps of the file stays
+    cached, and the second LOAD reads the rest."""
     stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB)}
-    # Room for the page cache: cap - base - what the job holds, well under 2 MB.
+    # Room for the page cache: cap - base - what the job holds (its stage's 100
+    # resident bytes and the EXEC's 10), well under 2 MB.
     result = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
                             device=_device(BASE + 500_000, stages))
-    assert _durations(result, "load") == [100 + 2 * MB, 100 + 2 * MB]
-    assert result.device.bytes_read == 4 * MB
+    kept_bytes = 500_000 - 110
+    assert _durations(result, "load") == [100 + 2 * MB, 100 + 2 * MB - kept_bytes]
+    assert result.device.bytes_read == 4 * MB - kept_bytes
+    assert (result.device.load_misses, result.device.load_hits) == (2, 0)
 
 
 def test_a_warm_device_starts_with_the_files_cached_and_no_bandwidth_costs_nothing() -> None:

@@ -13,7 +13,8 @@ device's CPU factor, as does an EXEC: one factor for a task that starts alone,
 another for one that starts beside a running task) plus the
 bytes of its stage files that are not in the simulated page cache divided by
 the storage's read bandwidth, after the reads queued before it (one storage,
-first come first served); the page cache is an LRU of stage files whose
+first come first served); the page cache is an LRU of stage files' bytes (a
+file may stay partly cached, as the kernel reclaims pages, not files) whose
 room is the memory cap less the runtime's base and the anonymous memory held
 (the ledger's reservations less the loaded stages' mapped weight pages, which
 stay pinned in the cache while loaded); mapped pages that do not fit are read
@@ -175,31 +176,37 @@ class DeviceOutcome:
 
 
 class _PageCache:
-    """An LRU of stage files; loaded zero-copy stages are pinned (their pages are mapped)."""
+    """An LRU of stage files' bytes; loaded zero-copy stages are pinned (their pages
+    are mapped). Eviction takes a file's bytes, not the whole file: the kernel
+    reclaims pages, so the least recently used file may stay partly cached."""
 
     def __init__(self) -> None:
-        self.files: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.files: OrderedDict[tuple[str, str], int] = OrderedDict()  # key -> cached bytes
         self.pins: dict[tuple[str, str], int] = {}
         self.cached_bytes = 0
 
     def missing_bytes(self, key: tuple[str, str], size: int) -> int:
-        return 0 if key in self.files else size
+        return max(0, size - self.files.get(key, 0))
 
     def touch(self, key: tuple[str, str], size: int) -> None:
-        if key in self.files:
-            self.files.move_to_end(key)
-            return
+        self.cached_bytes += size - self.files.pop(key, 0)
         self.files[key] = size
-        self.cached_bytes += size
 
     def shrink_to(self, room_bytes: int) -> None:
-        """Evict unpinned files, least recently used first, until they fit `room_bytes`."""
+        """Evict unpinned files' bytes, least recently used first, until they fit
+        `room_bytes`."""
         for key in list(self.files):
-            if self.cached_bytes <= room_bytes:
+            excess = self.cached_bytes - room_bytes
+            if excess <= 0:
                 return
             if self.pins.get(key):
                 continue
-            self.cached_bytes -= self.files.pop(key)
+            evicted = min(excess, self.files[key])
+            self.cached_bytes -= evicted
+            if evicted == self.files[key]:
+                del self.files[key]
+            else:
+                self.files[key] -= evicted
 
 
 class DeviceBackend(VirtualBackend):
