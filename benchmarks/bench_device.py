@@ -1160,9 +1160,18 @@ simulating recorded cells again with every task's time scaled
   run). With memory estimates misjudged 0.5x and 1.5x Masa stayed within the cap
   with no over-commit and won (0.38x and 0.40x Bulk; -19% and -15% against
   DeepEye; before the re-run the 1.5x cell was a +10% loss). Masa loses one cell:
-  lifelogging at 2 GiB over 60 s (26.6 s against DeepEye's 24.4 s, +9%; it was
-  +21%), the cold start, where the first 1.1 GB come off the card at 44 MB/s;
-  over 120 s it wins (29.5 s against 39.9 s, -26%).
+  lifelogging at 2 GiB over 60 s, in both runs (26.6 s against DeepEye's 24.4 s,
+  +9%, on 32f8608; 22.9 s against 19.9 s, +15%, on 80419a9; it was +21% before
+  the re-run). A third run with the whole reports kept (Masa 23.2 s, DeepEye
+  21.8 s) shows where: every job that arrives while the first 1.1 GB of stage
+  files come off the card at 44 MB/s ends after them, under either policy (the
+  first job done at 26.3 s and 27.2 s); DeepEye then drains that backlog faster
+  (jobs that arrived 10-40 s in: Masa 22.7-24.8 s, DeepEye 18.5-21.6 s) and its
+  queue grows after (the last third: Masa 20.7-20.9 s, DeepEye 23.7-24.9 s).
+  Over 120 s Masa wins (29.5 s against 39.9 s, -26%). The calibrated simulator
+  does not see the loss (DeepEye 27.5 s): with the same work as the real run
+  (busy 134 s, real 136 s) its DeepEye workers idle more (utilisation 0.72,
+  real 0.80).
 - **The offered load undercounts the device's work.** The label counts each
   EXEC at its network's pinned factor and nothing else. The column *CPU load,
   calibrated* counts what the calibrated simulator does: LOADs at the same
@@ -1177,7 +1186,8 @@ simulating recorded cells again with every task's time scaled
   steady mean for the baselines: 60 then 120 s, small at 512 MiB / 0.7: Masa 1.3
   -> 2.8 s, Bulk 17.3 -> 40.8 s, DeepEye 14.5 -> 43.4 s; mixed at 1 GiB / 0.7:
   Masa 14.2 -> 17.6 s, Bulk 36.4 -> 61.6 s, DeepEye 16.3 -> 22.0 s; lifelogging at
-  2 GiB: Masa 26.6 -> 29.5 s, Bulk 46.6 -> 74.0 s, DeepEye 24.4 -> 39.9 s. Masa's
+  2 GiB: Masa 22.9-26.6 -> 29.5 s, Bulk 41.2-46.6 -> 74.0 s, DeepEye 19.9-24.4
+  -> 39.9 s. Masa's
   grows least; the baselines' queues grow without bound (their calibrated load is
   their own work at a rate set for Masa's), so the 60 s ratios understate
   Masa's advantage. The first measurement of these cells (before 645ecdd) had
