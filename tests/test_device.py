@@ -156,8 +156,11 @@ def _groups_left(pid: int) -> list[Path]:
 def test_a_cold_load_through_a_20_mb_s_throttle_takes_size_over_20_mb_s(
         tmp_path: Path) -> None:
     store = tmp_path / "store"
-    # One 16 MiB fc stage, its weights in the mapped data file (load mode mmap).
-    _prepare(tmp_path, store, "big", fc_chain(0, 1, 2048, 2048), profile=False)
+    # One 64 MiB fc stage, its weights in the mapped data file (load mode mmap). The
+    # throttle lets about 3 MB through at the start of a read (measured here: a
+    # 16 MiB stage loaded in 0.80-1.02x its size / 20 MB/s, a 64 MiB one in
+    # 0.95-1.01x), so a smaller file would sit at the edge of the 20%.
+    _prepare(tmp_path, store, "big", fc_chain(0, 1, 4096, 4096), profile=False)
     manifest = load_manifest(store / "big")
     stage = manifest.stages[0]
     size_bytes = sum((store / "big" / name).stat().st_size
