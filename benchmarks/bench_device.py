@@ -1198,12 +1198,18 @@ simulating recorded cells again with every task's time scaled
   decision, freeing memory; `--measure-dispatch`, 670 us pinned): the busy
   workers of an overloaded run are 85-90% busy. The simulator used to leave it
   out, which made it 35% too fast where the CPU binds (median) and its mean
-  within 30% in 15 of 43 runs; with it, in 40 of 48. Per-network LOAD factors
-  were tried first and moved no mean by more than a few percent.
+  within 30% in 15 of 43 runs; with it, in 39 of 48. Per-network LOAD factors
+  were tried first and moved no mean by more than a few percent. In a traced run
+  (lifelogging, 60 jobs at 2.0, warm store) the gaps under 2 ms averaged 410-436
+  us under every policy (the hand-off), and most longer ones followed the EXECs
+  of the large fc stages (3-6 ms: the loop unmaps the stage's locked weights,
+  8-9 ms for 288 MiB, before its next decision). Simulated as a 420 us hand-off
+  plus 30 us per MiB of weights unmapped, the fit is worse (37 of 48): small's
+  many small tasks get cheaper, and Masa there is already too fast.
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and
   the bytes read from the card (median 0.96x). Calibrated (the pinned CPU
   factors and dispatch time), its mean response is within 30% in 51 of 51 runs
-  where the card binds and 40 of 48 where the CPU binds; the masa/bulk ratio is
+  where the card binds and 39 of 48 where the CPU binds; the masa/bulk ratio is
   within 15 points in 17 of 17 and 14 of 16 cells. Where the card binds it used
   to miss lifelogging at 1 GiB (+50%), mixed with copied weights at 1 GiB
   (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21 points): its page cache
@@ -1216,7 +1222,8 @@ simulating recorded cells again with every task's time scaled
   of room) was read in full every time, as an LRU would: Linux's active list and
   refault detection did not keep part of such a cycle here. Where the CPU binds
   it misses DeepEye's thrash in heavy (-96%: the pages re-read under the cap are
-  not the weights it models), light (-68%, -73%), and single Masa runs near
+  not the weights it models), DeepEye in lifelogging at 2 GiB (+38%: its workers
+  idle more than the real ones), light (-68%, -73%), and single Masa runs near
   saturation: the *Repeats* above are cells whose budgets never bound, the same
   jobs run again, and Masa's mean in small at 0.7 was 1.3, 1.5 and 5.2 s (the
   simulator 1.1 s); its two 120 s runs (-42%, -64%) are of the same kind. Near
