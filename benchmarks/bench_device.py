@@ -49,6 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -153,13 +154,24 @@ class Pin:
     """The pinned profile (store kind -> network -> each stage's profile) and CPU
     factors (each network's EXEC time on this emulated device per profiled time),
     which set the workloads: every record made on them carries their fingerprint.
-    And the executor's dispatch time per task (`measure_dispatch`), which only the
-    simulator uses: each record says which it was simulated with."""
+    And what only the simulator uses (each record says which it was simulated with):
+    the executor's dispatch time per task (`measure_dispatch`), and each network's
+    CPU factor alone with the multiplier for a task beside another (`fit_contention`;
+    without them the simulator takes the CPU factors above for every task)."""
     stores: dict[str, dict[str, list[Any]]]
     cpu_factor_by_network: dict[str, float]
     cpu_source: str = ""
     dispatch_us: int = 0
     dispatch_source: str = ""
+    alone_cpu_factor_by_network: dict[str, float] = dataclass_field(default_factory=dict)
+    shared_cpu_multiplier: float = 1.0
+    contention_source: str = ""
+
+    def simulator_cpu(self) -> tuple[dict[str, float], float]:
+        """The simulator's CPU factors per network and its multiplier beside another task."""
+        if self.alone_cpu_factor_by_network:
+            return self.alone_cpu_factor_by_network, self.shared_cpu_multiplier
+        return self.cpu_factor_by_network, 1.0
 
     @property
     def fingerprint(self) -> str:
@@ -174,14 +186,19 @@ class Pin:
                      "is computed from them with the CPU factors",
             "cpu_factor_by_network": self.cpu_factor_by_network,
             "cpu_source": self.cpu_source, "dispatch_us": self.dispatch_us,
-            "dispatch_source": self.dispatch_source, "stores": self.stores}, indent=1) + "\n")
+            "dispatch_source": self.dispatch_source,
+            "alone_cpu_factor_by_network": self.alone_cpu_factor_by_network,
+            "shared_cpu_multiplier": self.shared_cpu_multiplier,
+            "contention_source": self.contention_source, "stores": self.stores},
+            indent=1) + "\n")
 
 
 def load_pin(path: Path) -> Pin:
     raw = json.loads(path.read_text()) if path.is_file() else {}
     return Pin(raw.get("stores", {}), raw.get("cpu_factor_by_network", {}),
                raw.get("cpu_source", ""), raw.get("dispatch_us", 0),
-               raw.get("dispatch_source", ""))
+               raw.get("dispatch_source", ""), raw.get("alone_cpu_factor_by_network", {}),
+               raw.get("shared_cpu_multiplier", 1.0), raw.get("contention_source", ""))
 
 
 def _profiles(store: Path) -> dict[str, list[Any]]:
@@ -313,14 +330,16 @@ def job_work_us(prepared: PreparedRun, workers: int, read_bytes_per_s: int,
 
 def calibrated_cpu_load(prepared: PreparedRun, workers: int, pin: Pin) -> float | None:
     """The workers' utilisation the calibrated simulator sees at the run's arrival
-    rate: every task (LOADs too) x its network's pinned CPU factor, plus the
-    dispatch time after each, / workers. The offered-load label counts EXECs alone
-    at their factor and no dispatch; CA-wait's skipped networks count here as run."""
+    rate: every task (LOADs too) x its network's CPU factor (beside another task, as
+    on busy workers), plus the dispatch time after each, / workers. The offered-load
+    label counts EXECs alone at the pinned factor and no dispatch; CA-wait's skipped
+    networks count here as run."""
     arrivals_us = sorted(job.arrival_us for job in prepared.jobs)
     if len(arrivals_us) < 2 or arrivals_us[-1] == arrivals_us[0]:
         return None
     rate_per_us = (len(arrivals_us) - 1) / (arrivals_us[-1] - arrivals_us[0])
-    work_us = sum(task.duration_us * pin.cpu_factor_by_network.get(task.network, 1.0)
+    factors, shared = pin.simulator_cpu()
+    work_us = sum(task.duration_us * factors.get(task.network, 1.0) * shared
                   + pin.dispatch_us for task in prepared.graph.tasks) / len(prepared.jobs)
     return round(work_us * rate_per_us / workers, 2)
 
@@ -457,17 +476,19 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "calibrated_cpu_load": calibrated_cpu_load(prepared, cell.workers, pin),
               "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
-        record.update(simulate(policy, prepared, device, base_bytes,
-                               pin.cpu_factor_by_network, cell, pin.dispatch_us))
+        record.update(simulate(policy, prepared, device, base_bytes, cell, pin))
     return record
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cpu_by_network: dict[str, float], cell: Cell,
-             dispatch_us: int = 0) -> dict[str, Any]:
+             cell: Cell, pin: Pin, scale: float = 1.0) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    calibrated ("simulated_cpu": each network's tasks x its pinned CPU factor, and the
-    executor's dispatch time after every task)."""
+    calibrated ("simulated_cpu": each network's tasks x its CPU factor (`Pin.simulator_cpu`,
+    x `scale`), x the multiplier beside another task, and the executor's dispatch time
+    after every task)."""
+    factors, shared = pin.simulator_cpu()
+    cpu_by_network = {name: factors.get(name, 1.0) * scale
+                      for name in prepared.workload.networks} if factors else {}
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
@@ -478,10 +499,12 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     for name, factors in sides:
         report = simulated_device_report(prepared, settings, device_model(
             prepared.manifests, device, base_bytes, cpu_factor_by_network=factors,
-            dispatch_us=dispatch_us if factors else 0), device, meta)
+            shared_cpu_multiplier=shared if factors else 1.0,
+            dispatch_us=pin.dispatch_us if factors else 0), device, meta)
         figures[name] = _stats(report)
     if cpu_by_network:
-        figures["simulated_dispatch_us"] = dispatch_us
+        figures["simulated_dispatch_us"] = pin.dispatch_us
+        figures["simulated_shared_cpu_multiplier"] = shared
     return figures
 
 
@@ -514,6 +537,57 @@ def fit_cpu(results: Sequence[dict[str, Any]]) -> dict[str, float]:
                     ratios.setdefault(network, []).append(ratio)
     return {network: round(float(np.median(found)), 3)
             for network, found in sorted(ratios.items())}
+
+
+def fit_contention(results: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float, int]:
+    """Each network's EXEC time alone and the multiplier beside another task, from the
+    cells where the CPU binds (memory estimates as profiled): Bulk runs one network's
+    EXECs one after another, so its EXEC time per profiled time is the network's
+    factor alone (median over the cells); Masa's and DeepEye's EXECs mostly run
+    beside another task, and the median of their time over Bulk's, per network and
+    cell, is the multiplier (a lower bound: some of their EXECs ran alone). And the
+    number of cells."""
+    alone: dict[str, list[float]] = {}
+    shared: list[float] = []
+    cells = 0
+    for runs in _by_cell(results).values():
+        if (set(runs) != set(POLICIES) or bound_by(runs["masa"]) != "cpu"
+                or runs["masa"].get("memory_scale", 1.0) != 1.0
+                or any(r["real"]["status"] != "finished" for r in runs.values())):
+            continue
+        cells += 1
+        bulk = runs["bulk"]["real"].get("exec_ratio_by_network") or {}
+        for network, ratio in bulk.items():
+            alone.setdefault(network, []).append(ratio)
+        for policy in ("masa", "deepeye"):
+            for network, ratio in (runs[policy]["real"].get("exec_ratio_by_network")
+                                   or {}).items():
+                if bulk.get(network):
+                    shared.append(ratio / bulk[network])
+    if not alone or not shared:
+        raise SystemExit("--fit-contention: no cell where the CPU binds has finished runs "
+                         "of all three policies")
+    return ({network: round(float(np.median(found)), 3)
+             for network, found in sorted(alone.items())},
+            round(float(np.median(shared)), 3), cells)
+
+
+def pin_contention(args: argparse.Namespace) -> Pin:
+    """Fit the simulator's CPU factors alone and its multiplier (`fit_contention`) on
+    the recorded runs and pin them (then --resimulate)."""
+    pin = load_pin(args.pin)
+    results = current(load_results(args.results), pin)
+    alone, shared, cells = fit_contention(results)
+    pin = replace(pin, alone_cpu_factor_by_network=alone, shared_cpu_multiplier=shared,
+                  contention_source=(
+                      f"Bulk's EXEC time per profiled time (its EXECs run alone), median "
+                      f"per network; beside another task x the median of Masa's and "
+                      f"DeepEye's EXEC time over Bulk's, per network and cell, in the "
+                      f"{cells} cells where the CPU binds ({datetime.now(UTC).date()}; "
+                      f"`--fit-contention`)"))
+    pin.save(args.pin)
+    print(f"alone: {alone}; beside another task x{shared}", flush=True)
+    return pin
 
 
 def _profiled_us_by_network(prepared: PreparedRun) -> dict[str, dict[str, int]]:
@@ -614,8 +688,7 @@ def resimulate(args: argparse.Namespace) -> None:
                 continue
             device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
-            record.update(simulate(record["policy"], prepared, device, base_bytes,
-                                   pin.cpu_factor_by_network, cell, pin.dispatch_us))
+            record.update(simulate(record["policy"], prepared, device, base_bytes, cell, pin))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -642,10 +715,8 @@ def sensitivity(args: argparse.Namespace) -> None:
                 device, base_bytes = recorded_device(record, cell)
                 means = []
                 for scale in SENSITIVITY_SCALES:
-                    factors = {name: pin.cpu_factor_by_network.get(name, 1.0) * scale
-                               for name in prepared.workload.networks}
-                    sim = simulate(record["policy"], prepared, device, base_bytes, factors,
-                                   cell, pin.dispatch_us)["simulated_cpu"]
+                    sim = simulate(record["policy"], prepared, device, base_bytes, cell, pin,
+                                   scale)["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",
@@ -727,12 +798,37 @@ def run_grid(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the page
 
 
+# Runs of one cell and policy started since then ran the same real code (the executor,
+# the workloads and the pinned profile have not changed since the CPU-bound cells were
+# run again on 32f8608, committed then), so they are repeats of one experiment: the
+# page shows their average. Move it when a change to the real executor
+# (masa/runtime/threads.py, model_prep, workloads) makes later runs a different one.
+REPEATS_SINCE = "2026-11-25T00:34:30"
+
+
 def _by_cell(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """key -> policy -> the latest record of that run."""
-    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    """key -> policy -> the latest record of that run, its real mean and p99 averaged
+    over the repeats (`REPEATS_SINCE`) when there are several."""
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for record in results:
-        cells.setdefault(record["key"], {})[record["policy"]] = record
-    return cells
+        grouped.setdefault(record["key"], {}).setdefault(record["policy"], []).append(record)
+    return {key: {policy: _averaged(records) for policy, records in runs.items()}
+            for key, runs in grouped.items()}
+
+
+def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The latest record; with several finished repeats, its real mean and p99 are their
+    averages and `runs_mean_ms` lists each repeat's mean (the rest is the latest run's)."""
+    latest = records[-1]
+    repeated = [r for r in records if r["started"] >= REPEATS_SINCE
+                and r["real"]["status"] == "finished" and r["real"]["mean_ms"] is not None]
+    if len(repeated) < 2 or repeated[-1] is not latest:
+        return latest
+    real = dict(latest["real"])
+    for field in ("mean_ms", "p99_ms"):
+        real[field] = round(float(np.mean([r["real"][field] for r in repeated])), 1)
+    real["runs_mean_ms"] = [r["real"]["mean_ms"] for r in repeated]
+    return {**latest, "real": real}
 
 
 def _figure(stats: dict[str, Any] | None) -> str:
@@ -741,7 +837,11 @@ def _figure(stats: dict[str, Any] | None) -> str:
     if stats["status"] != "finished":
         return (f"**killed** at {stats['ended_at_s']} s ({stats['jobs_finished']} jobs done)"
                 if stats["status"] == "killed" else stats["status"])
-    return f"{stats['mean_ms'] / 1e3:.1f} / {stats['p99_ms'] / 1e3:.1f}"
+    figure = f"{stats['mean_ms'] / 1e3:.1f} / {stats['p99_ms'] / 1e3:.1f}"
+    runs = stats.get("runs_mean_ms")
+    if runs:
+        figure += f" ({len(runs)} runs: {', '.join(f'{m / 1e3:.1f}' for m in runs)})"
+    return figure
 
 
 def _ratio(runs: dict[str, dict[str, Any]], side: str) -> float | None:
@@ -888,11 +988,13 @@ def _calibration_side(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float],
+                                                                         float | None]]]:
     """Cells that are repeats of one experiment: the same jobs (scenario, rate, length,
     workers, context, store) at budgets that never bound (every run's peak reservation
     below the smallest of them, its stage files cached under every cap). Per group,
-    each policy's real mean responses (ms), one per cell."""
+    each policy's real mean responses (ms), one per run, and its calibrated simulated
+    mean (the same jobs on the same model: one figure)."""
     groups: dict[tuple[Any, ...], list[dict[str, dict[str, Any]]]] = {}
     for runs in _by_cell(results).values():
         record = next(iter(runs.values()))
@@ -910,22 +1012,31 @@ def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[float
             continue
         budgets = "/".join(str(next(iter(runs.values()))["budget_mib"]) for runs in cells)
         found[f"{key[0]} at {key[1]} over {key[2]} s ({budgets} MiB)"] = {
-            policy: [runs[policy]["real"]["mean_ms"] for runs in cells] for policy in POLICIES}
+            policy: ([mean for runs in cells for mean in runs[policy]["real"].get(
+                "runs_mean_ms", [runs[policy]["real"]["mean_ms"]])],
+                     (cells[0][policy].get("simulated_cpu") or {}).get("mean_ms"))
+            for policy in POLICIES}
     return found
 
 
 def repeat_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
-    for name, means in repeats(results).items():
-        lines.append(f"- {name}: " + "; ".join(
-            f"{policy} {', '.join(f'{m / 1e3:.1f}' for m in found)} s "
-            f"({max(found) / min(found):.1f}x)" for policy, found in means.items()) + ".")
+    for name, by_policy in repeats(results).items():
+        parts = []
+        for policy, (found, simulated_ms) in by_policy.items():
+            part = (f"{policy} {', '.join(f'{m / 1e3:.1f}' for m in found)} s "
+                    f"({max(found) / min(found):.1f}x; mean {np.mean(found) / 1e3:.1f} s")
+            if simulated_ms is not None:
+                part += f", simulated {simulated_ms / 1e3:.1f} s"
+            parts.append(part + ")")
+        lines.append(f"- {name}: " + "; ".join(parts) + ".")
     if not lines:
         return []
     return ["Repeats: cells whose budgets never bound (every run's peak reservation "
             "below the smallest budget, the stage files cached under every cap) run the "
             "same jobs, so they measure how far one real run's mean moves from the "
-            "next (each policy's means, and the largest over the smallest):", "", *lines, ""]
+            "next (each policy's runs, the largest over the smallest, their mean and the "
+            "calibrated simulator's):", "", *lines, ""]
 
 
 def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
@@ -933,16 +1044,23 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
     factors = ", ".join(f"{network} {factor}x"
                         for network, factor in sorted(pin.cpu_factor_by_network.items()))
     sides = [("simulated", "With the profile's CPU times")]
+    alone, shared = pin.simulator_cpu()
+    if pin.alone_cpu_factor_by_network:
+        cpu = ("each network's tasks x its CPU factor alone ("
+               + ", ".join(f"{network} {factor}x" for network, factor in alone.items())
+               + f"), x{shared} when they start beside another task ({pin.contention_source})")
+    else:
+        cpu = (f"each network's tasks x its pinned CPU factor ({factors}; other networks "
+               f"as profiled; {pin.cpu_source})")
     if pin.cpu_factor_by_network:
-        sides.append(("simulated_cpu", f"Calibrated: each network's tasks x its pinned CPU "
-                      f"factor ({factors}; other networks as profiled; {pin.cpu_source}), "
-                      f"and the executor's dispatch time, {pin.dispatch_us} us after every "
-                      f"task ({pin.dispatch_source})"))
+        sides.append(("simulated_cpu", f"Calibrated: {cpu}, and the executor's dispatch "
+                      f"time, {pin.dispatch_us} us after every task ({pin.dispatch_source})"))
     stale = [r for r in results if r.get("simulated_cpu")
-             and r.get("simulated_dispatch_us", 0) != pin.dispatch_us]
+             and (r.get("simulated_dispatch_us", 0) != pin.dispatch_us
+                  or r.get("simulated_shared_cpu_multiplier", 1.0) != shared)]
     if stale:
-        lines += [f"**{len(stale)} runs were simulated with another dispatch time than the "
-                  "pinned one: run `--resimulate`.**", ""]
+        lines += [f"**{len(stale)} runs were simulated with another dispatch time or "
+                  "multiplier than the pinned ones: run `--resimulate`.**", ""]
     fitted = fit_cpu(results)
     if fitted:
         lines += ["The same factors measured again in this grid's runs whose stage files "
@@ -1062,7 +1180,10 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "measured base; calibrated, each task's time x its network's pinned CPU factor and "
         f"the executor's dispatch time ({pin.dispatch_us} us, `--measure-dispatch`) after "
         "every task.",
-        "- Figures: mean / p99 job response in seconds; *killed at t s (k jobs done)*: "
+        "- Figures: mean / p99 job response in seconds; *(n runs: ...)*: the cell was run "
+        f"n times on the same real code (since {REPEATS_SINCE}), the figure is the "
+        "average of their means and p99s, each run's mean listed; "
+        "*killed at t s (k jobs done)*: "
         "the run's OOM kill, t from the first job's start; *masa vs bulk*: Masa's mean "
         "against Bulk's when both finished; *simulated*: calibrated (the pinned CPU "
         "factors and dispatch time) where the run recorded that simulation (every run on "
@@ -1110,7 +1231,9 @@ SD card sets the arrival rate (measured on 2026-11-23/24, most of them with lock
 weights; adopted when the profile was pinned, since their workload did not change)
 and the 18 cells where the CPU sets it, all run again on 2026-11-25 (commit
 32f8608: the executor whose measured memory is anonymous memory + loaded weights,
-645ecdd; they had been measured before that change). The tables are regenerated
+645ecdd; they had been measured before that change), the 60 s ones at 0.7 and 0.9
+and the 512 MiB-1 GiB ones run a second time the same day on the same real code
+(4981863; the tables show the average and each run). The tables are regenerated
 from the results file; this text is not. The sensitivity figures below come from
 simulating recorded cells again with every task's time scaled
 (`python benchmarks/bench_device.py --sensitivity KEY`).
@@ -1149,39 +1272,45 @@ simulating recorded cells again with every task's time scaled
   576 MiB to load.
 - **Where the CPU binds** (small at every budget, mixed at 1 and 2 GiB,
   lifelogging and stochastic I and II at 2 GiB, heavy, light: the stage files stay
-  cached after their first read), means Masa / Bulk / DeepEye over 60 s: small at
-  0.7, 1.3-5.2 s / 17.3-23.5 s / 14.5-19.6 s (Masa 0.07-0.22x Bulk's mean); small
-  at 0.9, 7.9 and 11.8 s against 30.7 and 38.8 s (0.26x, 0.30x); mixed at 1 GiB,
-  14.2 / 36.4 / 16.3 s at 0.7 (0.39x, -13% against DeepEye) and 22.0 / 50.5 /
-  24.9 s at 0.9 (0.44x); mixed at 2 GiB 0.38x; stochastic I and II at 2 GiB 0.64x
-  (-16% and -23% against DeepEye); light 4.6 / 18.3 / 6.1 s; heavy 11.5 / 23.7 /
-  275.7 s, where DeepEye, which loads whole networks beside each other, thrashed
-  again (it read 16.6 GiB from the card for 0.94 GiB of stage files in the first
-  run). With memory estimates misjudged 0.5x and 1.5x Masa stayed within the cap
-  with no over-commit and won (0.38x and 0.40x Bulk; -19% and -15% against
-  DeepEye; before the re-run the 1.5x cell was a +10% loss). Masa loses one cell:
-  lifelogging at 2 GiB over 60 s, in both runs (26.6 s against DeepEye's 24.4 s,
-  +9%, on 32f8608; 22.9 s against 19.9 s, +15%, on 80419a9; it was +21% before
-  the re-run). A third run with the whole reports kept (Masa 23.2 s, DeepEye
-  21.8 s) shows where: every job that arrives while the first 1.1 GB of stage
-  files come off the card at 44 MB/s ends after them, under either policy (the
-  first job done at 26.3 s and 27.2 s); DeepEye then drains that backlog faster
-  (jobs that arrived 10-40 s in: Masa 22.7-24.8 s, DeepEye 18.5-21.6 s) and its
-  queue grows after (the last third: Masa 20.7-20.9 s, DeepEye 23.7-24.9 s).
-  Over 120 s Masa wins (29.5 s against 39.9 s, -26%). The calibrated simulator
-  does not see the loss (DeepEye 27.5 s): with the same work as the real run
-  (busy 134 s, real 136 s) its DeepEye workers idle more (utilisation 0.72,
-  real 0.80).
+  cached after their first read), means Masa / Bulk / DeepEye over 60 s, averaged
+  over the two runs where there are two: small at 0.7, 1.6-4.4 s / 18.8-23.3 s /
+  16.8-20.0 s (Masa 0.08-0.19x Bulk's mean); small at 0.9, 9.8 and 11.3 s against
+  33.0 and 36.7 s (0.30x, 0.31x); mixed at 1 GiB, 14.1 / 35.6 / 14.6 s at 0.7
+  (0.40x, -4% against DeepEye) and 22.5 / 48.7 / 22.7 s at 0.9 (0.46x, -1%);
+  stochastic I and II at 2 GiB 0.66x and 0.63x Bulk (-12% and -21% against
+  DeepEye); light 3.3 / 15.3 / 4.5 s; heavy 11.5 / 23.7 / 275.7 s, where DeepEye,
+  which loads whole networks beside each other, thrashed again (it read 16.6 GiB
+  from the card for 0.94 GiB of stage files in the first run). With memory
+  estimates misjudged 0.5x and 1.5x Masa stayed within the cap with no
+  over-commit and won (0.38x and 0.40x Bulk; -19% and -15% against DeepEye;
+  before the re-run the 1.5x cell was a +10% loss). Masa loses two cells, both
+  to DeepEye at 2 GiB over 60 s. Mixed: 14.2 s against 13.0 s (+9%), one run a
+  win (13.8 s against 15.3 s), the other a loss (14.6 s against 10.6 s): the same
+  jobs at 1 GiB, where no budget binds either, give -4%, and DeepEye's four runs
+  of them move 1.5x (10.6-16.3 s, Masa's 1.1x). Lifelogging: 24.8 s against
+  22.1 s (+12%; +9% and +15% in the two runs, +6% in a third kept out of the
+  file, with its whole reports: Masa 23.2 s, DeepEye 21.8 s). That third run
+  shows where: every job that arrives while the first 1.1 GB of stage files come
+  off the card at 44 MB/s ends after them, under either policy (the first job
+  done at 26.3 s and 27.2 s); DeepEye then drains that backlog faster (jobs that
+  arrived 10-40 s in: Masa 22.7-24.8 s, DeepEye 18.5-21.6 s) and its queue grows
+  after (the last third: Masa 20.7-20.9 s, DeepEye 23.7-24.9 s). Over 120 s
+  Masa wins (29.5 s against 39.9 s, -26%). The calibrated simulator does not see
+  the loss (Masa 23.4 s, DeepEye 28.8 s: its DeepEye is 30% slower than the real
+  one's mean).
 - **The offered load undercounts the device's work.** The label counts each
   EXEC at its network's pinned factor and nothing else. The column *CPU load,
-  calibrated* counts what the calibrated simulator does: LOADs at the same
-  factors and the executor's dispatch time after every task. At the label 0.7
-  it is 0.85-0.98, at 0.9 it is 1.09-1.16: the 0.9 cells are overloaded, and
-  the 0.7 cells close to saturation (small, 44 tasks a job, pays a fifth of its
-  work in dispatch time). The issue's target of 0.3x Bulk's mean at 0.7 and 0.9
-  holds in small (0.07-0.30x at 512 MiB and 1 GiB) and in mixed at 1 GiB over
-  120 s (0.29x); not in mixed at 1 GiB over 60 s (0.39x at 0.7, 0.44x at 0.9),
-  nor where the card binds (the policies tie).
+  calibrated* counts what the calibrated simulator does: every task at its
+  network's factor alone x the multiplier beside another task (busy workers run
+  two at once) and the executor's dispatch time after it. At the label 0.7 it is
+  0.91-1.15 (small 0.97, mixed 0.92, stochastic I and II 1.10 and 1.15), at 0.9
+  1.19-1.25: the 0.9 cells and some 0.7 ones are overloaded, and the others
+  close to saturation (small, 44 tasks a job, pays a fifth of its work in
+  dispatch time). The issue's target of 0.3x Bulk's mean at 0.7 and 0.9 holds in
+  small at 0.7 (0.08-0.09x at 512 MiB and 1 GiB) and at the edge at 0.9 (0.30x
+  and 0.31x), in mixed at 1 GiB over 120 s (0.29x); not in mixed at 1 GiB over
+  60 s (0.40x at 0.7, 0.46x at 0.9), nor where the card binds (the policies
+  tie).
 - **Run length, where the CPU binds.** At these loads no run length gives a
   steady mean for the baselines: 60 then 120 s, small at 512 MiB / 0.7: Masa 1.3
   -> 2.8 s, Bulk 17.3 -> 40.8 s, DeepEye 14.5 -> 43.4 s; mixed at 1 GiB / 0.7:
@@ -1206,32 +1335,49 @@ simulating recorded cells again with every task's time scaled
   8-9 ms for 288 MiB, before its next decision). Simulated as a 420 us hand-off
   plus 30 us per MiB of weights unmapped, the fit is worse (37 of 48): small's
   many small tasks get cheaper, and Masa there is already too fast.
+- **Two tasks at once.** Bulk runs a network's EXECs one after another; Masa and
+  DeepEye mostly run two tasks at once. Per network and cell, their EXECs took a
+  median 1.126x Bulk's (1.12x Masa's, 1.13x DeepEye's; 0.96-1.33x): two tasks on
+  this machine's two shared cores run slower than one alone. The pinned CPU
+  factors, the median over all policies' runs, charged every task the same, so
+  Bulk was simulated too slow and Masa too fast. Since 2026-11-25 the calibrated
+  simulator takes each network's factor alone (Bulk's, 1.22-1.50) and x1.126 for
+  a task that starts beside another (`--fit-contention`, then `--resimulate`):
+  where the CPU binds its median error went from -12% to -5%, the masa/bulk
+  ratio within 15 points from 15 to 16 of 16 cells; the count of single runs
+  within 30% went from 40 to 39 of 48, since the runs it now misses are single
+  runs around the right mean (*Repeats*: small at 0.7, six runs of the same
+  jobs, Masa 1.3-5.2 s, mean 2.7 s, simulated 2.7 s; Bulk 21.2 s, simulated
+  21.5 s; DeepEye 18.6 s, simulated 18.8 s). The offered-load labels keep the
+  pinned factors (they set the workloads). Multipliers of 1.08 and 1.16 gave 41
+  and 40 of 48, medians -9% and -4%.
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and
-  the bytes read from the card (median 0.96x). Calibrated (the pinned CPU
-  factors and dispatch time), its mean response is within 30% in 51 of 51 runs
-  where the card binds and 39 of 48 where the CPU binds; the masa/bulk ratio is
-  within 15 points in 17 of 17 and 14 of 16 cells. Where the card binds it used
-  to miss lifelogging at 1 GiB (+50%), mixed with copied weights at 1 GiB
-  (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21 points): its page cache
-  evicted whole files, so a stage file of 100 MiB went to free a few MiB, where
-  the kernel reclaims pages and the file stays partly cached. Evicting bytes
-  (2026-11-25, every run resimulated) brought lifelogging at 1 GiB to +10-13%
-  (2.4 GiB read, real 2.1-2.2 GiB; whole files: 3.3 GiB) and stochastic I's
-  reads to the real ones (1058 MiB against 1055-1065 MiB). A cycle of mapped,
-  locked files larger than the room through a cgroup (400 MiB of files, 370 MiB
-  of room) was read in full every time, as an LRU would: Linux's active list and
-  refault detection did not keep part of such a cycle here. Where the CPU binds
-  it misses DeepEye's thrash in heavy (-96%: the pages re-read under the cap are
-  not the weights it models), DeepEye in lifelogging at 2 GiB (+38%: its workers
-  idle more than the real ones), light (-68%, -73%), and single Masa runs near
-  saturation: the *Repeats* above are cells whose budgets never bound, the same
-  jobs run again, and Masa's mean in small at 0.7 was 1.3, 1.5 and 5.2 s (the
-  simulator 1.1 s); its two 120 s runs (-42%, -64%) are of the same kind. Near
-  saturation the mean is set by how fast the cold start's backlog drains, which
-  moves several-fold between identical runs; the issue's "mean within 30%" is
-  finer than one real run repeats there. Of the acceptance targets "every kill
-  predicted" holds, and where the card binds the other two hold in every cell;
-  where the CPU binds they hold in most cells but not all (above)."""
+  the bytes read from the card (median 0.96x). Calibrated (each network's CPU
+  factor alone, the multiplier beside another task, the dispatch time), its mean
+  response is within 30% in 51 of 51 runs where the card binds and 39 of 48
+  where the CPU binds; the masa/bulk ratio is within 15 points in 17 of 17 and
+  16 of 16 cells. Where the card binds it used to miss lifelogging at 1 GiB
+  (+50%), mixed with copied weights at 1 GiB (+45-64%) and stochastic I at 1 GiB
+  (ratio +18 and +21 points): its page cache evicted whole files, so a stage file
+  of 100 MiB went to free a few MiB, where the kernel reclaims pages and the file
+  stays partly cached. Evicting bytes (2026-11-25, every run resimulated) brought
+  lifelogging at 1 GiB to +10-13% (2.4 GiB read, real 2.1-2.2 GiB; whole files:
+  3.3 GiB) and stochastic I's reads to the real ones (1058 MiB against
+  1055-1065 MiB). A cycle of mapped, locked files larger than the room through a
+  cgroup (400 MiB of files, 370 MiB of room) was read in full every time, as an
+  LRU would: Linux's active list and refault detection did not keep part of such
+  a cycle here. Where the CPU binds it misses DeepEye's thrash in heavy (-96%:
+  the pages re-read under the cap are not the weights it models), light (-47%,
+  -52%), DeepEye in mixed at 2 GiB (+30%: its two runs there, 15.3 and 10.6 s),
+  and single Masa runs near saturation: small at 0.7 (+74%, +32%, -38%: the
+  cells' runs are the six repeats above, whose mean it predicts) and the two 120 s
+  runs (-34%, -40%). Near saturation the mean is set by how fast the cold
+  start's backlog drains, which moves up to 4x between identical runs; the
+  issue's "mean response within 30%" is finer than one real run repeats there,
+  and the simulator meets it against the mean of the repeats. Of the acceptance
+  targets "every kill predicted" and the ratio within 15 points hold in every
+  cell; the mean within 30% holds in every run where the card binds and in 39 of
+  48 where the CPU binds (above)."""
 
 
 
@@ -1264,6 +1410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--measure-dispatch", action="store_true",
                         help="measure the executor's dispatch time per task and pin it "
                              "(then --resimulate)")
+    parser.add_argument("--fit-contention", action="store_true",
+                        help="fit the simulator's CPU factors alone and beside another "
+                             "task on the recorded runs and pin them (then --resimulate)")
     parser.add_argument("--sensitivity", type=lambda t: [k for k in t.split(",") if k],
                         default=[], help="print the named cells' simulated means with every "
                         "task's time scaled 1.0-1.4x (keys as for --rerun); nothing written")
@@ -1273,6 +1422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.measure_dispatch:
         measure_dispatch(args)
+        return 0
+    if args.fit_contention:
+        pin_contention(args)
         return 0
     if args.resimulate:
         resimulate(args)

@@ -151,10 +151,10 @@ def test_concurrent_cold_loads_share_the_storage() -> None:
     assert sorted(_durations(result, "load")) == [100 + MB, 100 + 2 * MB]
 
 
-def test_tasks_that_run_side_by_side_take_the_shared_cpu_factor() -> None:
+def test_tasks_that_run_side_by_side_take_the_shared_cpu_multiplier() -> None:
     """Alone a task takes cpu_factor x its profile; dispatched beside another (together,
-    or while one runs) shared_cpu_factor x, whichever of them started first."""
-    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5, shared_cpu_factor=2.0)
+    or while one runs) that x shared_cpu_multiplier again."""
+    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5, shared_cpu_multiplier=4.0)
     alone = simulate_graph(chain_network(0, 0, [100], load_us=100, exec_us=400), workers=2,
                            memory_budget_bytes=10_000, device=device)
     assert _durations(alone, "load") == [50] and _durations(alone, "exec") == [200]
@@ -168,17 +168,17 @@ def test_tasks_that_run_side_by_side_take_the_shared_cpu_factor() -> None:
     assert _durations(one_worker, "load") == [50, 50]  # one after the other: each alone
 
 
-def test_a_network_with_its_own_cpu_factor_takes_it_whatever_runs_beside_it() -> None:
-    """Networks named in cpu_factor_by_network take their factor, alone or not; the
-    others keep cpu_factor / shared_cpu_factor."""
-    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5, shared_cpu_factor=2.0,
+def test_a_network_with_its_own_cpu_factor_takes_it_and_the_shared_multiplier() -> None:
+    """Networks named in cpu_factor_by_network take their factor instead of cpu_factor;
+    beside another task every network's factor is multiplied alike."""
+    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5, shared_cpu_multiplier=2.0,
                          cpu_factor_by_network={"n0": 0.25})
     together = simulate_graph(merge([chain_network(0, 0, [100], load_us=100, exec_us=400),
                                      chain_network(1, 1, [100], load_us=100, exec_us=400)]),
                               workers=2, memory_budget_bytes=10_000, device=device)
     by_task = {e.task_id: e.end_us - e.start_us for e in together.schedule}
     loads = {task.split("/")[1]: us for task, us in by_task.items() if task.endswith("/load")}
-    assert loads == {"n0": 25, "n1": 200}, by_task
+    assert loads == {"n0": 50, "n1": 100}, by_task
     alone = simulate_graph(chain_network(0, 0, [100], load_us=100, exec_us=400), workers=2,
                            memory_budget_bytes=10_000, device=device)
     assert _durations(alone, "exec") == [100]

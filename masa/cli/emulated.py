@@ -115,16 +115,15 @@ def stage_storage(manifests: Mapping[str, NetworkManifest]) -> dict[tuple[str, s
 
 def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                  runtime_base_bytes: int, cpu_factor: float = 1.0,
-                 shared_cpu_factor: float | None = None,
                  cpu_factor_by_network: Mapping[str, float] | None = None,
-                 dispatch_us: int = 0) -> DeviceModel:
+                 shared_cpu_multiplier: float = 1.0, dispatch_us: int = 0) -> DeviceModel:
     return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
                        runtime_base_bytes=runtime_base_bytes,
                        read_bytes_per_s=device.read_bytes_per_s,
                        stages=stage_storage(manifests), cold_cache=device.cold_cache,
-                       cpu_factor=cpu_factor, shared_cpu_factor=shared_cpu_factor,
+                       cpu_factor=cpu_factor,
                        cpu_factor_by_network=dict(cpu_factor_by_network or {}),
-                       dispatch_us=dispatch_us)
+                       shared_cpu_multiplier=shared_cpu_multiplier, dispatch_us=dispatch_us)
 
 
 def simulate_on_device(prepared: PreparedRun, settings: RunSettings,

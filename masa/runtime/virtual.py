@@ -128,17 +128,16 @@ class DeviceModel:
     stages: Mapping[tuple[str, str], StageStorage]  # (network, stage id) -> storage
     cold_cache: bool = True
     # The device's CPU time per profiled CPU time (a slower core, or a machine shared
-    # with other work): scales EXECs and the LOADs' parse/setup time. A task that
-    # starts while another runs takes shared_cpu_factor instead (None: the same),
-    # since cores that share caches and memory bandwidth, or a host's hyperthreads,
-    # run two tasks at once slower than one alone.
+    # with other work): scales EXECs and the LOADs' parse/setup time.
     cpu_factor: float = 1.0
-    shared_cpu_factor: float | None = None
-    # Per network, its tasks' time per profiled time as measured in runs on the
-    # device (however many ran beside them): a profile can be off by a different
-    # amount for each network (small stages pay more fixed cost per run). A network
-    # named here takes its factor instead of the two above.
+    # Per network, its tasks' time per profiled time on the device: a profile can be
+    # off by a different amount for each network (small stages pay more fixed cost
+    # per run). A network named here takes its factor instead of cpu_factor.
     cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
+    # A task that starts while another runs takes this much longer again: cores that
+    # share caches and memory bandwidth, or a host's hyperthreads, run two tasks at
+    # once slower than one alone. The factors above are then times alone.
+    shared_cpu_multiplier: float = 1.0
     # The executor's own time per task: from a task's end to the next start on its
     # worker (the completion's hand-off, the loop's decision, freeing the task's
     # memory), measured as the mean gap between tasks on a busy worker. The worker
@@ -146,13 +145,12 @@ class DeviceModel:
     dispatch_us: int = 0
 
     def cpu_us(self, duration_us: int, running_tasks: int, network: str = "") -> int:
-        """A task's CPU time on the device: its profiled time, scaled by its network's
-        factor, or else by the factor for the number of tasks running as it starts
-        (itself included)."""
-        factor = self.cpu_factor_by_network.get(network)
-        if factor is None:
-            shared = self.shared_cpu_factor
-            factor = self.cpu_factor if running_tasks <= 1 or shared is None else shared
+        """A task's CPU time on the device: its profiled time x its network's factor
+        (or cpu_factor), x shared_cpu_multiplier when other tasks run as it starts
+        (`running_tasks` counts itself)."""
+        factor = self.cpu_factor_by_network.get(network, self.cpu_factor)
+        if running_tasks > 1:
+            factor *= self.shared_cpu_multiplier
         return round(duration_us * factor)
 
     def read_us(self, read_bytes: int) -> int:
