@@ -48,8 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from dataclasses import field as dataclass_field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -163,7 +162,7 @@ class Pin:
     cpu_source: str = ""
     dispatch_us: int = 0
     dispatch_source: str = ""
-    alone_cpu_factor_by_network: dict[str, float] = dataclass_field(default_factory=dict)
+    alone_cpu_factor_by_network: dict[str, float] = field(default_factory=dict)
     shared_cpu_multiplier: float = 1.0
     contention_source: str = ""
 
@@ -486,23 +485,23 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     calibrated ("simulated_cpu": each network's tasks x its CPU factor (`Pin.simulator_cpu`,
     x `scale`), x the multiplier beside another task, and the executor's dispatch time
     after every task)."""
-    factors, shared = pin.simulator_cpu()
-    cpu_by_network = {name: factors.get(name, 1.0) * scale
-                      for name in prepared.workload.networks} if factors else {}
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
-    figures = {}
-    sides: list[tuple[str, dict[str, float]]] = [("simulated", {})]
-    if cpu_by_network:
-        sides.append(("simulated_cpu", cpu_by_network))
-    for name, factors in sides:
+    factors, shared = pin.simulator_cpu()
+    # (side, CPU factor per network, multiplier beside another task, dispatch time)
+    sides: list[tuple[str, dict[str, float], float, int]] = [("simulated", {}, 1.0, 0)]
+    if factors:
+        sides.append(("simulated_cpu", {name: factors.get(name, 1.0) * scale
+                                        for name in prepared.workload.networks},
+                      shared, pin.dispatch_us))
+    figures: dict[str, Any] = {}
+    for side, cpu_by_network, multiplier, dispatch_us in sides:
         report = simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, device, base_bytes, cpu_factor_by_network=factors,
-            shared_cpu_multiplier=shared if factors else 1.0,
-            dispatch_us=pin.dispatch_us if factors else 0), device, meta)
-        figures[name] = _stats(report)
-    if cpu_by_network:
+            prepared.manifests, device, base_bytes, cpu_factor_by_network=cpu_by_network,
+            shared_cpu_multiplier=multiplier, dispatch_us=dispatch_us), device, meta)
+        figures[side] = _stats(report)
+    if factors:
         figures["simulated_dispatch_us"] = pin.dispatch_us
         figures["simulated_shared_cpu_multiplier"] = shared
     return figures
@@ -747,9 +746,9 @@ def misjudged_store(store: Path, scale: float) -> Path:
         for stage in raw["stages"]:
             profile = stage.get("profile") or {}
             for figures in (profile, profile.get("alternative") or {}):
-                for field in PROFILE_MEMORY_FIELDS:
-                    if field in figures:
-                        figures[field] = round(figures[field] * scale)
+                for name in PROFILE_MEMORY_FIELDS:
+                    if name in figures:
+                        figures[name] = round(figures[name] * scale)
         atomic_write_text(target / network.name / MANIFEST_NAME,
                           yaml.safe_dump(raw, sort_keys=False))
     return target
@@ -825,8 +824,8 @@ def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(repeated) < 2 or repeated[-1] is not latest:
         return latest
     real = dict(latest["real"])
-    for field in ("mean_ms", "p99_ms"):
-        real[field] = round(float(np.mean([r["real"][field] for r in repeated])), 1)
+    for name in ("mean_ms", "p99_ms"):
+        real[name] = round(float(np.mean([r["real"][name] for r in repeated])), 1)
     real["runs_mean_ms"] = [r["real"]["mean_ms"] for r in repeated]
     return {**latest, "real": real}
 
@@ -1339,7 +1338,9 @@ simulating recorded cells again with every task's time scaled
   many small tasks get cheaper, and Masa there is already too fast.
 - **Two tasks at once.** Bulk runs a network's EXECs one after another; Masa and
   DeepEye mostly run two tasks at once. Per network and cell, their EXECs took a
-  median 1.126x Bulk's (1.12x Masa's, 1.13x DeepEye's; 0.96-1.33x): two tasks on
+  median 1.126x Bulk's when fitted (1.125x with the third runs of the 2 GiB cells:
+  Masa's 1.124x, DeepEye's 1.126x; 0.96-1.52x, and 5.9x for DeepEye's agenet in
+  heavy, where it thrashed): two tasks on
   this machine's two shared cores run slower than one alone. The pinned CPU
   factors, the median over all policies' runs, charged every task the same, so
   Bulk was simulated too slow and Masa too fast. Since 2026-11-25 the calibrated

@@ -9,8 +9,8 @@ masa.runtime.driver's, shared with the real executor.
 
 With a `DeviceModel` (issue 12) the clock also knows a small device's storage
 and memory (`DeviceBackend`): a LOAD takes its profiled (warm) time (times the
-device's CPU factor, as does an EXEC: one factor for a task that starts alone,
-another for one that starts beside a running task) plus the
+device's CPU factor, or its network's, as does an EXEC; times a multiplier
+again for a task that starts beside a running one) plus the
 bytes of its stage files that are not in the simulated page cache divided by
 the storage's read bandwidth, after the reads queued before it (one storage,
 first come first served); the page cache is an LRU of stage files' bytes (a
