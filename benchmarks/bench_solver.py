@@ -18,6 +18,8 @@ bounds of what the solver needs alone.
 
     python benchmarks/bench_solver.py [fig13a] [random] [scaling] [proofs] [--quick]
     python benchmarks/bench_solver.py report   # Markdown from bench-solver.json only
+    python benchmarks/bench_solver.py heuristics   # after a policy change: both
+        # heuristics again on the fig13a and random instances, against the stored optima
 """
 
 from __future__ import annotations
@@ -50,29 +52,56 @@ def _evaluate(instance: Instance, time_limit_s: float, policy: str = "masa",
                     heuristic_run=heuristic_run)
 
 
+def _heuristic_fields(instance: Instance, best: int | None, bound: int | None,
+                      planned: Any = None, plan_s: float | None = None) -> dict[str, Any]:
+    """Both heuristics' makespans on `instance` and their ratios to `best` (and `bound`);
+    `planned`: masa-plan's run if already made, in `plan_s` seconds."""
+    if planned is None:
+        start_s = time.perf_counter()
+        planned = run_heuristic(instance, "masa-plan")
+        plan_s = time.perf_counter() - start_s
+    greedy = run_heuristic(instance, "masa")
+    fields: dict[str, Any] = {"plan_s": round(plan_s or 0.0, 2)}
+    for run, prefix in ((greedy, ""), (planned, "plan_")):
+        schedule, over_commits = run
+        makespan = schedule_makespan(schedule)
+        fields |= {
+            ("heuristic" if not prefix else "plan"): makespan,
+            f"{prefix}over_commits": len(over_commits),
+            f"{prefix}ratio": makespan / best if best else None,
+            ("heuristic_check" if not prefix else "plan_check"):
+                check(instance, schedule, over_commits) or []}
+    fields["ratio_max"] = fields["heuristic"] / bound if bound else None
+    return fields
+
+
+def rerun_heuristics(results: dict[str, Any]) -> None:
+    """The heuristics again on the stored fig13a and random instances (after a policy
+    change), against the optima stored with them: no solving."""
+    for section, spec_of in (
+            ("fig13a", lambda row: RandomSpec(networks=2, layers=4, seed=1,
+                                              workers=row["workers"], tightness=1.5,
+                                              load_ratio=row["load_ratio"], unload=True)),
+            ("random", lambda row: RandomSpec(**row["spec"]))):
+        for row in results.get(section, {}).get("rows", []):
+            instance = random_instance(spec_of(row))
+            assert instance.name == row["instance"], (instance.name, row["instance"])
+            row |= _heuristic_fields(instance, row["best"], row["bound"])
+            print(f"{section} {row['instance']}: masa {row['heuristic']} "
+                  f"({_fmt(row['ratio'])}) masa-plan {row['plan']} "
+                  f"({_fmt(row['plan_ratio'])})", flush=True)
+
+
 def _evaluate_both(instance: Instance, time_limit_s: float) -> dict[str, Any]:
     """The solver (hinted by masa-plan's schedule) next to both heuristics: a row."""
     start_s = time.perf_counter()
     planned = run_heuristic(instance, "masa-plan")
     plan_s = time.perf_counter() - start_s
     evaluation = _evaluate(instance, time_limit_s, policy="masa-plan", heuristic_run=planned)
-    greedy = run_heuristic(instance, "masa")
-    assert greedy is not None and planned is not None
-    schedule, over_commits = greedy
-    problems = check(instance, schedule, over_commits) or []
-    best = evaluation.result.makespan_us
-    makespan = schedule_makespan(schedule)
-    plan_row = _row(evaluation)
-    return plan_row | {
-        # masa (greedy): the first heuristic of every table.
-        "heuristic": makespan, "over_commits": len(over_commits),
-        "ratio": makespan / best if best else None,
-        "ratio_max": makespan / evaluation.result.bound if evaluation.result.bound else None,
-        "heuristic_check": problems,
-        # masa-plan: what the solver was hinted with.
-        "plan": plan_row["heuristic"], "plan_over_commits": plan_row["over_commits"],
-        "plan_ratio": plan_row["ratio"], "plan_check": list(evaluation.heuristic_problems),
-        "plan_s": round(plan_s, 2)}
+    result = evaluation.result
+    # masa (greedy) is the first heuristic of every table; masa-plan hinted the solver.
+    return _row(evaluation) | _heuristic_fields(instance, result.makespan_us, result.bound,
+                                                planned, plan_s)
 
 
 def _row(evaluation: Evaluation) -> dict[str, Any]:
@@ -272,7 +301,10 @@ def _random_md(data: dict[str, Any]) -> list[str]:
              "heuristic makespan / optimal makespan over the instances where the solver "
              "proved optimality and the heuristic stayed within the budget. "
              "Targets: median <= 1.05, worst <= 1.15. The solver's hint is masa-plan's "
-             "schedule (or a better list schedule of the solver's own).", "",
+             "schedule (or a better list schedule of the solver's own). `masa` is the "
+             "default policy as it is now (with its job order, docs/scheduling.md): "
+             "`python benchmarks/bench_solver.py heuristics` re-runs both heuristics on "
+             "the stored instances against the stored optima after a policy change.", "",
              "| tightness | instances | proven | masa over budget | masa median | masa worst "
              "| masa-plan median | masa-plan worst | median plan s | median solve s "
              "| max solve s |",
@@ -535,6 +567,13 @@ def main(argv: list[str]) -> int:
         results = json.loads(RESULTS.read_text())
     if sections == ["report"]:  # rewrite the Markdown from the saved figures only
         write_report(results)
+        return 0
+    if sections == ["heuristics"]:
+        rerun_heuristics(results)
+        atomic_write_text(RESULTS, json.dumps(results, indent=1) + "\n")
+        _worst_gantts(results["random"])
+        write_report(results)
+        print(f"wrote {DOCS / 'bench-solver.md'}")
         return 0
     for name in sections:
         results[name] = {"fig13a": bench_fig13a, "random": bench_random,
