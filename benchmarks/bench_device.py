@@ -1257,9 +1257,19 @@ simulating recorded cells again with every task's time scaled
   against DeepEye's 33.6 s and Bulk's 35.2 s; at 1 GiB / 0.9, 22.2 s against
   DeepEye's 21.2 s). The exceptions are stochastic I at 512 MiB over 120 s (+13%
   against Bulk, measured before the lock) and mixed with copied weights at 1 GiB
-  (10.7 s against DeepEye's 9.6 s, +11%; the card binds there because a LOAD
-  holds each file twice). The paper's -30% at 512 MiB is not
-  reproduced on a cold card.
+  (the card binds there because a LOAD holds each file twice): over two runs
+  11.0 s against DeepEye's 9.9 s and Bulk's 10.0 s, +11% (the run before the
+  repeats: 10.7 s against 9.6 s). There Masa read 1611-1793 MiB from the card
+  against Bulk's 1467-1496 and DeepEye's 1447-1469: it loads ahead until its
+  budget is full (peak 930 MiB held against 729 and 705), which leaves the page
+  cache less room under the cap, so less of the previous job's files is still
+  cached when the next job arrives. Stochastic I at 512 MiB over 120 s shows the
+  same (2033 MiB read against 1836). Loading ahead gains nothing when the card
+  is the bottleneck; bounding it there is not built. The simulator misses this
+  cell's ratio by 17 points: its Masa holds at most 706 MiB (real: 930) and all
+  three of its policies read 1784-1857 MiB, Masa's real figure, so it keeps less
+  of the baselines' files cached between jobs than the kernel does. The paper's -30% at
+  512 MiB is not reproduced on a cold card.
 - **Locked weights.** A stage loaded ahead of its EXEC used to have its weight
   pages reclaimed under the cap before they were used, and read them again inside
   the EXEC (Masa's EXECs took 44x their profiled time in mixed at 512 MiB).
