@@ -1369,7 +1369,8 @@ simulating recorded cells again with every task's time scaled
   the bytes read from the card (median 0.96x). Calibrated (each network's CPU
   factor alone, the multiplier beside another task, the dispatch time), its mean
   response is within 30% in 51 of 51 runs where the card binds and 38 of 48
-  where the CPU binds; the masa/bulk ratio is within 15 points in 17 of 17 and
+  where the CPU binds; the masa/bulk ratio is within 15 points in 16 of 17
+  (mixed with copied weights at 1 GiB, -17 points since its repeat, above) and
   16 of 16 cells. Where the card binds it used to miss lifelogging at 1 GiB
   (+50%), mixed with copied weights at 1 GiB (+45-64%) and stochastic I at 1 GiB
   (ratio +18 and +21 points): its page cache evicted whole files, so a stage file
