@@ -64,9 +64,15 @@ def test_masa_holds_its_budget_in_the_process(profiled_store: tuple[Path, int, i
     # progress rule, never beside another one.
     assert {o["reason"] for o in masa["over_commits"]} <= {"progress"}
     measured_bytes = masa["summary"]["peak_measured_bytes"]
+    # On failure, say whether the ledger itself went over (a progress-rule over-commit)
+    # or only what it does not model.
+    over_commits = [(o["task_id"], o["footprint_bytes"], o["reserved_bytes"])
+                    for o in masa["over_commits"]]
     assert measured_bytes <= SLACK * budget_bytes, (
         f"measured {measured_bytes} B, budget {budget_bytes} B: "
-        f"{measured_bytes / budget_bytes:.3f}x")
+        f"{measured_bytes / budget_bytes:.3f}x; ledger peak "
+        f"{masa['summary']['peak_reserved_bytes'] / budget_bytes:.3f}x; "
+        f"over-commits (task, footprint, reserved after) {over_commits}")
 
     bulk = masa_run(store, "bulk", budget_bytes)
     assert {job["status"] for job in bulk["jobs"]} == {"done"}
