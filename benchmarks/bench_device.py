@@ -1267,9 +1267,9 @@ simulating recorded cells again with every task's time scaled
   same (2033 MiB read against 1836). Loading ahead gains nothing when the card
   is the bottleneck; bounding it there is not built. The simulator misses this
   cell's ratio by 17 points: its Masa holds at most 706 MiB (real: 930) and all
-  three of its policies read 1784-1857 MiB, Masa's real figure, so it keeps less
-  of the baselines' files cached between jobs than the kernel does. The paper's -30% at
-  512 MiB is not reproduced on a cold card.
+  three of its policies read 1784-1857 MiB, about what the real Masa read, so it
+  keeps less of the baselines' files cached between jobs than the kernel does.
+  The paper's -30% at 512 MiB is not reproduced on a cold card.
 - **Locked weights.** A stage loaded ahead of its EXEC used to have its weight
   pages reclaimed under the cap before they were used, and read them again inside
   the EXEC (Masa's EXECs took 44x their profiled time in mixed at 512 MiB).

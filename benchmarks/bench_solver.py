@@ -62,15 +62,13 @@ def _heuristic_fields(instance: Instance, best: int | None, bound: int | None,
         plan_s = time.perf_counter() - start_s
     greedy = run_heuristic(instance, "masa")
     fields: dict[str, Any] = {"plan_s": round(plan_s or 0.0, 2)}
-    for run, prefix in ((greedy, ""), (planned, "plan_")):
-        schedule, over_commits = run
+    for (schedule, over_commits), makespan_key, prefix in ((greedy, "heuristic", ""),
+                                                           (planned, "plan", "plan_")):
         makespan = schedule_makespan(schedule)
-        fields |= {
-            ("heuristic" if not prefix else "plan"): makespan,
-            f"{prefix}over_commits": len(over_commits),
-            f"{prefix}ratio": makespan / best if best else None,
-            ("heuristic_check" if not prefix else "plan_check"):
-                check(instance, schedule, over_commits) or []}
+        fields |= {makespan_key: makespan,
+                   f"{prefix}over_commits": len(over_commits),
+                   f"{prefix}ratio": makespan / best if best else None,
+                   f"{makespan_key}_check": check(instance, schedule, over_commits) or []}
     fields["ratio_max"] = fields["heuristic"] / bound if bound else None
     return fields
 
@@ -79,9 +77,7 @@ def rerun_heuristics(results: dict[str, Any]) -> None:
     """The heuristics again on the stored fig13a and random instances (after a policy
     change), against the optima stored with them: no solving."""
     for section, spec_of in (
-            ("fig13a", lambda row: RandomSpec(networks=2, layers=4, seed=1,
-                                              workers=row["workers"], tightness=1.5,
-                                              load_ratio=row["load_ratio"], unload=True)),
+            ("fig13a", lambda row: _fig13a_spec(row["load_ratio"], row["workers"])),
             ("random", lambda row: RandomSpec(**row["spec"]))):
         for row in results.get(section, {}).get("rows", []):
             instance = random_instance(spec_of(row))
@@ -117,13 +113,17 @@ def _row(evaluation: Evaluation) -> dict[str, Any]:
             "hint": result.hint_used, "solver_check": list(evaluation.solver_problems)}
 
 
+def _fig13a_spec(load_ratio: float, workers: int) -> RandomSpec:
+    """The paper's Fig. 13(a) setting: two 4-layer networks with unload tasks."""
+    return RandomSpec(networks=2, layers=4, seed=1, workers=workers, tightness=1.5,
+                      load_ratio=load_ratio, unload=True)
+
+
 def bench_fig13a(quick: bool) -> dict[str, Any]:
     rows = []
     for load_ratio in (1.0, 4.0):
         for workers in range(1, 7):
-            spec = RandomSpec(networks=2, layers=4, seed=1, workers=workers, tightness=1.5,
-                              load_ratio=load_ratio, unload=True)
-            instance = random_instance(spec)
+            instance = random_instance(_fig13a_spec(load_ratio, workers))
             row = _evaluate_both(instance, 10.0 if quick else 60.0) | {"load_ratio": load_ratio}
             rows.append(row)
             print(f"fig13a load_ratio={load_ratio} workers={workers}: {row['status']} "
