@@ -20,6 +20,7 @@ from masa.sched.core import (
     SchedulerState,
     add_tasks,
     arrive,
+    cancel_group,
     finish,
     is_finished,
     new_state,
@@ -327,6 +328,60 @@ def test_masa_headroom_counts_the_transient_load_memory_as_returned() -> None:
     assert result.makespan_us == 150  # both loads, then both execs, side by side
     assert result.over_commits == () and result.peak_reserved_bytes == 80
     assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=80) == []
+
+
+def _ahead_peak_bytes(graph: TaskGraph, schedule: tuple) -> int:
+    """Largest sum of resident bytes of stages whose LOAD has started and whose EXEC has not."""
+    starts = {item.task_id: item.start_us for item in schedule}
+    resident = {lock.from_task: lock.memory_bytes for lock in graph.locks
+                if lock.lock_id.endswith("#resident")}
+    stages = [(starts[load], starts[load.removesuffix("load") + "exec"], size)
+              for load, size in resident.items()]
+    return max(sum(size for load_us, exec_us, size in stages if load_us <= t < exec_us)
+               for t in sorted({load_us for load_us, _, _ in stages}))
+
+
+def test_masa_read_ahead_window_bounds_the_stages_loaded_ahead() -> None:
+    """Loads are slower than execs: unbounded, the second worker loads every stage
+    ahead; a 25-byte window keeps at most two 10-byte stages ahead (and a stage
+    larger than the window still loads, alone)."""
+    graph = merge([chain_network(0, 0, [10] * 6, load_us=100, exec_us=10),
+                   chain_network(0, 1, [40], load_us=100, exec_us=10)])
+    unbounded = simulate_graph(graph, workers=2, memory_budget_bytes=1000)
+    assert _ahead_peak_bytes(graph, unbounded.schedule) >= 40
+    policy = MasaPolicy(read_ahead_bytes=25)
+    bounded = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=1000)
+    assert _ahead_peak_bytes(graph, bounded.schedule) <= 40
+    starts = {item.task_id: item.start_us for item in bounded.schedule}
+    big_load = starts["j0/n1/s0/load"]
+    # The 40-byte stage loaded alone: no other stage was ahead while it was.
+    assert all(not starts[f"j0/n0/s{k}/load"] <= big_load < starts[f"j0/n0/s{k}/exec"]
+               for k in range(6))
+    assert len(bounded.schedule) == len(graph.tasks) and bounded.over_commits == ()
+    assert policy._ahead_bytes == 0 and policy._ahead_by_exec == {}
+    assert check_schedule(graph, bounded.schedule, workers=2, memory_budget_bytes=1000) == []
+
+
+def test_masa_read_ahead_window_forgets_the_stages_of_a_cancelled_network() -> None:
+    """A network cancelled with a stage loaded ahead gives its bytes back to the window."""
+    graph = merge([chain_network(0, 0, [10] * 4), chain_network(0, 1, [10] * 2)])
+    policy = MasaPolicy(read_ahead_bytes=15)
+    state = new_state(2, 1000, policy)
+    add_tasks(state, graph)
+    # One 10-byte stage fits the 15-byte window; a second would not, on either network.
+    assert [d.task_id for d in select(state)] == ["j0/n0/s0/load"]
+    finish(state, "j0/n0/s0/load")
+    assert policy._ahead_bytes == 10
+    cancel_group(state, "j0/n0", "test")
+    assert policy._ahead_bytes == 0 and policy._ahead_by_exec == {}
+    assert [d.task_id for d in select(state)] == ["j0/n1/s0/load"]
+
+
+def test_a_negative_read_ahead_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="read_ahead_bytes"):
+        MasaPolicy(read_ahead_bytes=-1)
+    assert make_policy("masa", read_ahead_bytes=64).read_ahead_bytes == 64  # type: ignore[attr-defined]
+    assert make_policy("bulk", read_ahead_bytes=64).name == "bulk"
 
 
 class _IgnoresMemory(MasaPolicy):

@@ -51,7 +51,8 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
         "meta": meta,  # of the report the child writes
         "settings": {"policy": policy, "workers": args.workers,
                      "memory_budget_bytes": args.memory,
-                     "memory_source": getattr(args, "memory_source", "measured")},
+                     "memory_source": getattr(args, "memory_source", "measured"),
+                     "read_ahead_bytes": getattr(args, "read_ahead", None)},
     }
 
 
@@ -63,7 +64,8 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
         settings = RunSettings(policy=policy, workers=args.workers,
                                memory_budget_bytes=args.memory or plan.device.default_budget_bytes(
                                    RUNTIME_BASE_BYTES),
-                               memory_source=getattr(args, "memory_source", "measured"))
+                               memory_source=getattr(args, "memory_source", "measured"),
+                               read_ahead_bytes=getattr(args, "read_ahead", None))
         return simulated_device_report(prepared, settings, device_model(
             prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta)
     run = run_emulated(plan, _spec(args, policy, prepared, meta))

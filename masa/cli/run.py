@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from masa.common.argtypes import MEMORY_HELP, memory_budget, output_file, positive_int
+from masa.common.argtypes import (
+    MEMORY_HELP,
+    memory_budget,
+    memory_size,
+    output_file,
+    positive_int,
+)
 from masa.common.atomic import atomic_save_png, atomic_write_bytes
 from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
@@ -56,6 +62,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "shrinks the budget the scheduler sees")
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="number of jobs: run only the first N of the workload")
+    parser.add_argument("--read-ahead", type=memory_size, default=None, metavar="SIZE",
+                        help="masa only: bound the stages loaded ahead of their EXEC to this "
+                             "many resident bytes (one stage is always allowed; default: as "
+                             "memory allows). Where a slow card binds, 128MiB leaves the "
+                             "page cache room (docs/scheduling.md, Read-ahead)")
     add_json_flag(parser, "the report")
 
 
@@ -113,7 +124,8 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
     settings = RunSettings(policy=policy, workers=args.workers,
                            memory_budget_bytes=(DEFAULT_MEMORY_BYTES if args.memory is None
                                                 else args.memory),
-                           memory_source=getattr(args, "memory_source", "measured"))
+                           memory_source=getattr(args, "memory_source", "measured"),
+                           read_ahead_bytes=getattr(args, "read_ahead", None))
     settings.check()
     return settings
 

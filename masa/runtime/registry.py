@@ -32,13 +32,17 @@ POLICY_FACTORIES: dict[str, Callable[[], Policy]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
 
 
-def make_policy(name: str, real_time: bool = False) -> Policy:
-    """A fresh policy by name; an unknown name is a UserError."""
+def make_policy(name: str, real_time: bool = False,
+                read_ahead_bytes: int | None = None) -> Policy:
+    """A fresh policy by name; an unknown name is a UserError. `read_ahead_bytes`
+    bounds masa's read-ahead window (MasaPolicy); the other policies ignore it."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
     if real_time and factory is PlanningPolicy:
         return PlanningPolicy(planner=ThreadPlanner())
+    if factory is MasaPolicy and read_ahead_bytes is not None:
+        return MasaPolicy(read_ahead_bytes=read_ahead_bytes)
     return factory()
 
 

@@ -61,6 +61,9 @@ class RunSettings:
     # Real runs: keep every network's outputs in RunOutcome.outputs (by group).
     # Off by default: long runs would otherwise hold every job's results.
     keep_outputs: bool = False
+    # masa's read-ahead window: the resident bytes of stages loaded ahead of their
+    # EXEC (None: as many as memory allows; MasaPolicy). Other policies ignore it.
+    read_ahead_bytes: int | None = None
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -71,6 +74,8 @@ class RunSettings:
         if self.memory_source not in MEMORY_SOURCES:
             raise UserError(f"--memory-source: expected one of {', '.join(MEMORY_SOURCES)}, "
                             f"got {self.memory_source!r}")
+        if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
+            raise UserError(f"--read-ahead: expected a size >= 0, got {self.read_ahead_bytes}")
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,9 @@ def simulate_run(prepared: PreparedRun, settings: RunSettings, *,
 def _simulate(prepared: PreparedRun, settings: RunSettings,
               controller: ContextController | None,
               device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
-    result = simulate_graph(prepared.graph, policy=make_policy(settings.policy),
+    result = simulate_graph(prepared.graph,
+                            policy=make_policy(settings.policy,
+                                               read_ahead_bytes=settings.read_ahead_bytes),
                             workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
                             driver_options={"context": controller}, device=device)
@@ -340,7 +347,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
         RealRunConfig(workers=settings.workers, memory_budget_bytes=settings.memory_budget_bytes,
                       policy=settings.policy, memory_source=settings.memory_source,
                       intra_op_threads=settings.intra_op_threads,
-                      keep_outputs=settings.keep_outputs),
+                      keep_outputs=settings.keep_outputs,
+                      read_ahead_bytes=settings.read_ahead_bytes),
         context=controller,
     )
     executor.driver.observers.extend(observers)

@@ -118,6 +118,7 @@ class RealRunConfig:
     # this much at the heap's top, and the loop trims only above it. 0: trim
     # whenever something is unmodelled (a batch run, measured as closely as it can).
     heap_slack_bytes: int = 0
+    read_ahead_bytes: int | None = None  # masa's read-ahead window (None: memory bounds it)
 
 
 @dataclass
@@ -714,7 +715,8 @@ class RealExecutor:
         self.context = context
         self.state: SchedulerState = new_state(
             config.workers, config.memory_budget_bytes,
-            make_policy(config.policy, real_time=config.plan_in_background))
+            make_policy(config.policy, real_time=config.plan_in_background,
+                        read_ahead_bytes=config.read_ahead_bytes))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,

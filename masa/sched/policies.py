@@ -93,6 +93,15 @@ class MasaPolicy:
     and, with one network per job, already acts as shortest job first); with
     a long one it stops interleaving every job's small tasks, which stretched
     every job (docs/bench-compare.md). Jobs are told apart by Task.job_id.
+
+    A read-ahead window, off by default (`read_ahead_bytes`, issue 14): the
+    resident bytes of stages whose LOAD has started and whose EXEC has not may
+    not exceed it, except that one stage may always be loaded ahead (a stage
+    larger than the window still loads, alone). Without it loads run ahead
+    until memory is full, which is right where loading costs CPU; where a slow
+    card binds, the memory left to the page cache keeps the next jobs' stage
+    files cached, and Masa filling its budget made it read more than the
+    baselines (docs/scheduling.md, "Read-ahead").
     """
 
     name = "masa"
@@ -100,7 +109,9 @@ class MasaPolicy:
 
     def __init__(self, admission: bool = True, headroom: bool = True,
                  job_order: bool | None = None, ageing: float = JOB_AGEING,
-                 queue_jobs: int | None = None) -> None:
+                 queue_jobs: int | None = None, read_ahead_bytes: int | None = None) -> None:
+        if read_ahead_bytes is not None and read_ahead_bytes < 0:
+            raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
         self.admission = admission
         self.headroom = headroom
         # None: our job order comes with our other rules (masa), not with the paper's.
@@ -117,6 +128,9 @@ class MasaPolicy:
         self._compact_at = 1024
         self._pending_exec_needs: list[tuple[int, str]] = []  # (-footprint, exec id)
         self._running_load_direct_bytes = 0  # transient copies, returned when LOADs end
+        self.read_ahead_bytes = read_ahead_bytes  # None: loads run ahead as memory allows
+        self._ahead_bytes = 0  # resident bytes of stages loaded (or loading), EXEC not started
+        self._ahead_by_exec: dict[str, int] = {}  # EXEC id -> its LOAD's resident bytes
         self._execs: list[_Entry] = []
         self._loads: list[_Entry] = []  # LOADs of started networks (all LOADs without admission)
         self._fresh: list[_Entry] = []  # LOADs that would start a network
@@ -157,6 +171,8 @@ class MasaPolicy:
         self._compact_at = max(1024, 4 * sum(len(getattr(self, name)) for name in heaps))
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
+        if self.read_ahead_bytes is not None:
+            self._count_ahead(state, info)
         if self.headroom and info.task.kind is TaskKind.LOAD:
             self._running_load_direct_bytes += info.task.memory_bytes
             for successor in info.successors:
@@ -165,7 +181,23 @@ class MasaPolicy:
                     heapq.heappush(self._pending_exec_needs,
                                    (-successor_info.footprint_bytes, successor))
 
+    def _count_ahead(self, state: SchedulerState, info: TaskInfo) -> None:
+        """Read-ahead window: a LOAD's resident bytes count until its stage's EXEC
+        starts (or ends unstarted, cancelled); a stage has one EXEC."""
+        if info.task.kind is TaskKind.LOAD:
+            resident_bytes = info.footprint_bytes - info.task.memory_bytes
+            exec_id = next((successor for successor in info.successors
+                            if state.tasks[successor].task.kind is not TaskKind.LOAD), None)
+            if exec_id is not None:
+                self._ahead_by_exec[exec_id] = (
+                    self._ahead_by_exec.get(exec_id, 0) + resident_bytes)
+                self._ahead_bytes += resident_bytes
+        else:
+            self._ahead_bytes -= self._ahead_by_exec.pop(info.task.task_id, 0)
+
     def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
+        if self.read_ahead_bytes is not None and not info.started:
+            self._ahead_bytes -= self._ahead_by_exec.pop(info.task.task_id, 0)
         if self.headroom and info.started and info.task.kind is TaskKind.LOAD:
             self._running_load_direct_bytes -= info.task.memory_bytes
         if self.job_order:
@@ -257,6 +289,10 @@ class MasaPolicy:
                    free_bytes: int, reserve_bytes: int) -> bool:
         """Whether a LOAD may start now, with `reserve_bytes` kept free besides it."""
         if footprint + reserve_bytes > free_bytes:
+            return False
+        if self.read_ahead_bytes is not None and self._ahead_bytes and (
+                self._ahead_bytes + footprint - state.tasks[task_id].task.memory_bytes
+                > self.read_ahead_bytes):
             return False
         if not self.headroom:
             return True
