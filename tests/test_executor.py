@@ -44,13 +44,15 @@ def feeds(manifests: dict[str, NetworkManifest]) -> dict[str, dict[str, np.ndarr
 
 
 def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * MIB,
-         inputs_for=None, memory_source="measured", plan_in_background=True):
+         inputs_for=None, memory_source="measured", plan_in_background=True,
+         read_ahead_bytes=None):
     graph = build_workload_graph(jobs, manifests, list(NETWORKS))
     executor = RealExecutor(
         graph, manifests,
         inputs_for or (lambda job_id, network, upstream: feeds[network]),
         RealRunConfig(workers=workers, memory_budget_bytes=budget_bytes, policy=policy,
-                      memory_source=memory_source, plan_in_background=plan_in_background),
+                      memory_source=memory_source, plan_in_background=plan_in_background,
+                      read_ahead_bytes=read_ahead_bytes),
     )
     return graph, executor.run()
 
@@ -102,6 +104,28 @@ def test_outputs_equal_whole_model_under_every_policy(manifests, feeds, policy, 
                 assert np.max(np.abs(got[output] - value)) <= 1e-5 * scale
     assert set(result.group_status.values()) == {"done"}
     _assert_clean(graph, result, workers, 64 * MIB)
+
+
+def test_a_read_ahead_window_of_zero_keeps_one_stage_ahead_in_a_real_run(manifests, feeds):
+    """With --read-ahead 0 a stage's LOAD starts only when no other loaded stage waits
+    for its EXEC (one stage is always allowed), and the outputs stay right."""
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+    graph, result = _run(manifests, feeds, jobs, read_ahead_bytes=0)
+    starts = {item.task_id: item.start_us for item in result.schedule}
+    # Stages that hold bytes until their EXEC (a weightless stage counts for nothing).
+    ahead = [(starts[lock.from_task], starts[lock.from_task.removesuffix("load") + "exec"])
+             for lock in graph.locks if lock.lock_id.endswith("/resident") and lock.memory_bytes]
+    assert len(ahead) > 20
+    assert max(sum(load_us <= t < exec_us for load_us, exec_us in ahead)
+               for t, _ in ahead) == 1
+    for name, manifest in manifests.items():
+        expected = run_whole_model(manifest.source_path, manifest, feeds[name])
+        got = result.outputs[f"j1/{name}"]
+        for output, value in expected.items():
+            assert np.max(np.abs(got[output] - value)) <= 1e-5 * max(
+                1e-12, float(np.max(np.abs(value))))
+    assert set(result.group_status.values()) == {"done"}
+    _assert_clean(graph, result, 2, 64 * MIB)
 
 
 def test_one_worker_real_and_simulated_dispatch_orders_match(manifests, feeds):
@@ -217,6 +241,7 @@ def test_run_command_writes_report_and_trace(store, tmp_path, capsys):
         report = json.loads(report_path.read_text())
         assert report["summary"]["jobs"] == 3
         assert report["meta"]["simulated"] is simulate
+        assert report["meta"]["read_ahead_bytes"] is None
         assert all(n["status"] == "done" for j in report["jobs"] for n in j["networks"])
         trace = json.loads(trace_path.read_text())
         assert any(e.get("ph") == "X" for e in trace["traceEvents"])

@@ -430,9 +430,23 @@ def test_a_non_loopback_address_needs_a_token_file(store: Store, tmp_path: Path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
+def test_the_read_ahead_window_reaches_the_daemons_policy(store: Store, tmp_path: Path) -> None:
+    from masa.serve.service import Service
+
+    assert load_config(write_config(tmp_path, store)).read_ahead_bytes is None
+    config = load_config(write_config(tmp_path, store, read_ahead="8MiB"))
+    assert config.read_ahead_bytes == 8 * 2**20
+    service = Service(config)
+    try:
+        assert service.state.policy.read_ahead_bytes == 8 * 2**20  # type: ignore[attr-defined]
+    finally:
+        service.close()
+
+
 def test_a_bad_config_lists_every_problem_with_its_path(store: Store, tmp_path: Path) -> None:
     config = write_config(
         tmp_path, store, workers=0, policy="fastest", memory="lots", listen="nowhere",
+        read_ahead="a little",
         limits={"max_queued_jobs": 0, "bogus": 1},
         graphs={"g": {"graph": {"convnet": None, "resnet": {"after": "convnet"}},
                       "preprocess": {"convnet": {"layout": "chw"}, "ghost": {}}},
@@ -445,6 +459,7 @@ def test_a_bad_config_lists_every_problem_with_its_path(store: Store, tmp_path: 
     assert "\n" not in message and "Traceback" not in message
     for expected in ("at 'workers': expected a positive number, got 0",
                      "at 'policy': expected one of", "at 'memory': expected 'auto' or",
+                     "at 'read_ahead': expected a size such as 512MiB",
                      "at 'listen': expected HOST:PORT",
                      "at 'limits.max_queued_jobs': expected an integer >= 1",
                      "at 'limits.bogus': unknown field",

@@ -46,7 +46,7 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 LAYOUTS = ("nchw", "nhwc")
 JOURNAL_SYNC = ("full", "normal")
-_TOP_FIELDS = {"store", "memory", "memory_margin", "workers", "policy", "context",
+_TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "workers", "policy", "context",
                "memory_source", "intra_op_threads", "listen", "token_file", "journal",
                "journal_sync", "retention_s", "limits", "shutdown_grace_s", "graphs"}
 _LIMIT_DEFAULTS: dict[str, Any] = {
@@ -96,6 +96,7 @@ class ServeConfig:
     store: Path
     memory_budget_bytes: int | None  # None: auto (resolved at start, see budget.py)
     memory_margin_bytes: int
+    read_ahead_bytes: int | None  # masa's read-ahead window (None: as memory allows)
     workers: int
     policy: str
     context: str
@@ -234,6 +235,8 @@ def _parse_settings(errors: ErrorCollector, raw: Mapping[str, Any], base: Path
         "store": store or base,
         "memory_budget_bytes": budget,
         "memory_margin_bytes": _size(errors, raw, "memory_margin", 64 * 2**20),
+        "read_ahead_bytes": (None if raw.get("read_ahead") is None
+                             else _size(errors, raw, "read_ahead", 0)),
         "workers": _positive(errors, raw, "workers", 2),
         "policy": _choice(errors, raw, "policy", POLICY_NAMES, "masa"),
         "context": _choice(errors, raw, "context", CONTEXT_MODES, "wait"),

@@ -229,7 +229,8 @@ class Service:
         self.peak_reserved_bytes = 0
         self._plans = network_plans(config.manifests)  # the same for every job
         self.state = new_state(config.workers, self.budget_bytes,
-                               make_policy(config.policy, real_time=True))
+                               make_policy(config.policy, real_time=True,
+                                           read_ahead_bytes=config.read_ahead_bytes))
         controller = None
         if config.context != "oblivious" and config.upstreams:
             controller = _GraphContext(config.context, config.upstreams, self._decide)
