@@ -330,6 +330,44 @@ def test_masa_headroom_counts_the_transient_load_memory_as_returned() -> None:
     assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=80) == []
 
 
+def test_masa_headroom_counts_what_an_exec_leaves_held() -> None:
+    """An EXEC whose outputs outweigh its freed weights leaves memory held: the room
+    kept for the other loaded stages' EXECs must count it.
+
+    Budget 100. Job 0's stage b0 keeps 30 and its EXEC needs 35; it loads from t=0.
+    Job 1 arrives at t=5: its stage a0 keeps 10 and its EXEC opens 40 of outputs (an
+    early conv layer: small weights, a large activation) held until a1 runs, whose
+    stage keeps 50. Counting only the largest EXEC need (45), a0 loads beside b0 (60
+    free) and executes while b0 still loads; its outputs stay, a1 cannot load, and
+    b0's EXEC finds 70 held: 105 > 100 with nothing running, so the progress rule
+    over-commits. Counting a0's growth (40 - 10), a0 waits for b0 to be done.
+    """
+    tasks: list[Task] = []
+    precedence: list[tuple[str, str]] = []
+    locks: list[Lock] = []
+    # (job, network, stage, load us, resident, exec direct, outputs)
+    stages = [(0, "b", 0, 100, 30, 30, 5), (1, "a", 0, 10, 10, 5, 40), (1, "a", 1, 10, 50, 5, 0)]
+    for job, network, stage, load_us, resident, direct, outputs in stages:
+        group = f"j{job}/{network}"
+        load_id, exec_id = f"{group}/s{stage}/load", f"{group}/s{stage}/exec"
+        common = dict(order=(job, 0, stage), group=group, job_id=job, network=network,
+                      stage_id=f"s{stage}", release_us=5 * job)
+        tasks += [Task(load_id, TaskKind.LOAD, load_us, 0, **common),
+                  Task(exec_id, TaskKind.EXEC, 50, direct, **common)]
+        precedence.append((load_id, exec_id))
+        locks.append(Lock(f"{load_id}#resident", load_id, (exec_id,), resident))
+        consumer = "j1/a/s1/exec" if exec_id == "j1/a/s0/exec" else exec_id
+        if consumer != exec_id:
+            precedence.append((exec_id, consumer))
+        locks.append(Lock(f"{exec_id}#outputs", exec_id, (consumer,), outputs))
+    graph = TaskGraph(tuple(tasks), tuple(precedence), tuple(locks),
+                      start_after=(("j1/a/s0/load", "j1/a/s1/load"),))
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=100)
+    assert result.over_commits == () and result.peak_reserved_bytes <= 100
+    assert len(result.schedule) == len(tasks)
+    assert check_schedule(graph, result.schedule, workers=2, memory_budget_bytes=100) == []
+
+
 def _ahead_peak_bytes(graph: TaskGraph, schedule: tuple) -> int:
     """Largest sum of resident bytes of stages whose LOAD has started and whose EXEC has not."""
     starts = {item.task_id: item.start_us for item in schedule}

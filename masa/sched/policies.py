@@ -50,6 +50,13 @@ def _still_ready(state: SchedulerState, heap: list[_Entry]) -> list[_Entry]:
     return kept
 
 
+def _growth_bytes(exec_info: TaskInfo, resident_bytes: int) -> int:
+    """What an EXEC leaves held once it ends beyond what it frees: the outputs it
+    opens less its stage's resident bytes (inputs it frees are not counted: a bound)."""
+    outputs_bytes = exec_info.footprint_bytes - exec_info.task.memory_bytes
+    return max(0, outputs_bytes - resident_bytes)
+
+
 class MasaPolicy:
     """The paper's Algorithm 1 on per-layer tasks.
 
@@ -75,8 +82,11 @@ class MasaPolicy:
       LOADs and this one have ended and handed back their direct (transient)
       memory, free memory still holds the largest EXEC footprint among stages
       whose LOAD has started but whose EXEC has not (and its own stage's
-      EXEC). Otherwise loads fill memory to the brim, the EXEC they exist for
-      cannot start, and the progress rule over-commits. (Counting the
+      EXEC), plus what those EXECs will leave held beyond the weights they
+      free (outputs larger than their stage's resident bytes: an early conv
+      layer's activation), summed, since any of them may run before the
+      largest. Otherwise loads fill memory to the brim, the EXEC they exist
+      for cannot start, and the progress rule over-commits. (Counting the
       transient memory as returned matters when loads peak far above what
       they keep: the first version kept room for the EXEC on top of the whole
       load peak and ran such loads one at a time.) Only the smallest LOAD is
@@ -128,6 +138,10 @@ class MasaPolicy:
         self._compact_at = 1024
         self._pending_exec_needs: list[tuple[int, str]] = []  # (-footprint, exec id)
         self._running_load_direct_bytes = 0  # transient copies, returned when LOADs end
+        # What the EXECs of loaded stages will leave held beyond the weights they free
+        # (outputs larger than the stage's resident bytes), summed: the headroom keeps it.
+        self._growth_by_exec: dict[str, int] = {}
+        self._pending_growth_bytes = 0
         self.read_ahead_bytes = read_ahead_bytes  # None: loads run ahead as memory allows
         self._ahead_bytes = 0  # resident bytes of stages loaded (or loading), EXEC not started
         self._ahead_by_exec: dict[str, int] = {}  # EXEC id -> its LOAD's resident bytes
@@ -171,33 +185,38 @@ class MasaPolicy:
         self._compact_at = max(1024, 4 * sum(len(getattr(self, name)) for name in heaps))
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
-        if self.read_ahead_bytes is not None:
-            self._count_ahead(state, info)
-        if self.headroom and info.task.kind is TaskKind.LOAD:
-            self._running_load_direct_bytes += info.task.memory_bytes
-            for successor in info.successors:
-                successor_info = state.tasks[successor]
-                if successor_info.task.kind is not TaskKind.LOAD:
-                    heapq.heappush(self._pending_exec_needs,
-                                   (-successor_info.footprint_bytes, successor))
-
-    def _count_ahead(self, state: SchedulerState, info: TaskInfo) -> None:
-        """Read-ahead window: a LOAD's resident bytes count until its stage's EXEC
-        starts (or ends unstarted, cancelled); a stage has one EXEC."""
-        if info.task.kind is TaskKind.LOAD:
-            resident_bytes = info.footprint_bytes - info.task.memory_bytes
-            exec_id = next((successor for successor in info.successors
-                            if state.tasks[successor].task.kind is not TaskKind.LOAD), None)
-            if exec_id is not None:
-                self._ahead_by_exec[exec_id] = (
-                    self._ahead_by_exec.get(exec_id, 0) + resident_bytes)
+        task = info.task
+        if task.kind is not TaskKind.LOAD:
+            self._forget_pending_exec(task.task_id)
+            return
+        if self.headroom:
+            self._running_load_direct_bytes += task.memory_bytes
+        resident_bytes = info.footprint_bytes - task.memory_bytes
+        counted_ahead = self.read_ahead_bytes is None
+        for successor in info.successors:
+            successor_info = state.tasks[successor]
+            if successor_info.task.kind is TaskKind.LOAD:
+                continue
+            if self.headroom:
+                heapq.heappush(self._pending_exec_needs,
+                               (-successor_info.footprint_bytes, successor))
+                growth_bytes = _growth_bytes(successor_info, resident_bytes)
+                if growth_bytes:
+                    self._growth_by_exec[successor] = growth_bytes
+                    self._pending_growth_bytes += growth_bytes
+            if not counted_ahead:  # a stage has one EXEC: its bytes count once
+                counted_ahead = True
+                self._ahead_by_exec[successor] = resident_bytes
                 self._ahead_bytes += resident_bytes
-        else:
-            self._ahead_bytes -= self._ahead_by_exec.pop(info.task.task_id, 0)
+
+    def _forget_pending_exec(self, exec_id: str) -> None:
+        """An EXEC started, or ended without starting: its stage is no longer ahead."""
+        self._ahead_bytes -= self._ahead_by_exec.pop(exec_id, 0)
+        self._pending_growth_bytes -= self._growth_by_exec.pop(exec_id, 0)
 
     def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
-        if self.read_ahead_bytes is not None and not info.started:
-            self._ahead_bytes -= self._ahead_by_exec.pop(info.task.task_id, 0)
+        if not info.started:
+            self._forget_pending_exec(info.task.task_id)
         if self.headroom and info.started and info.task.kind is TaskKind.LOAD:
             self._running_load_direct_bytes -= info.task.memory_bytes
         if self.job_order:
@@ -224,6 +243,14 @@ class MasaPolicy:
         tasks = state.tasks
         return max((tasks[successor].footprint_bytes for successor in tasks[task_id].successors
                     if tasks[successor].task.kind is not TaskKind.LOAD), default=0)
+
+    def _own_growth(self, state: SchedulerState, task_id: str) -> int:
+        """What the EXECs that wait for this LOAD would leave held beyond its weights."""
+        info = state.tasks[task_id]
+        resident_bytes = info.footprint_bytes - info.task.memory_bytes
+        return sum(_growth_bytes(state.tasks[successor], resident_bytes)
+                   for successor in info.successors
+                   if state.tasks[successor].task.kind is not TaskKind.LOAD)
 
     def _fresh_top(self, state: SchedulerState) -> _Entry | None:
         """Smallest LOAD of a network not started yet (moving ones started meanwhile)."""
@@ -299,8 +326,13 @@ class MasaPolicy:
         # The EXECs of loaded stages (and this LOAD's own) must still find room
         # once the running LOADs end and hand back their transient direct memory;
         # otherwise loads fill memory to the brim and no EXEC can ever start.
-        need = max(self._exec_need(state), self._own_need(state, task_id))
-        returning = self._running_load_direct_bytes + state.tasks[task_id].task.memory_bytes
+        # Each of those EXECs may leave its outputs held beyond the weights it frees
+        # (an early conv layer: small weights, a large activation) before the largest
+        # one runs, so their growth is kept too, this LOAD's own EXEC's included.
+        load = state.tasks[task_id].task
+        need = (max(self._exec_need(state), self._own_need(state, task_id))
+                + self._pending_growth_bytes + self._own_growth(state, task_id))
+        returning = self._running_load_direct_bytes + load.memory_bytes
         return free_bytes - footprint - reserve_bytes + returning >= need
 
 
