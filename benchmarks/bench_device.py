@@ -1304,21 +1304,40 @@ simulating recorded cells again with every task's time scaled
   1784-1857 MiB, about what the real Masa read, so it keeps less of the
   baselines' files cached between jobs than the kernel does.
   The paper's -30% at 512 MiB is not reproduced on a cold card.
-- **A bounded read-ahead window wins where the card binds** (the rows *Masa
-  read-ahead 128 MiB*: `masa run --read-ahead 128MiB`, the baselines unchanged
-  and run again beside it, one run each). Mixed with copied weights at 1 GiB:
-  Masa 9.0 s against Bulk's 10.2 s and DeepEye's 9.7 s (-7%), holding at most
-  578 MiB and reading 1204 MiB against 1486 and 1456. Stochastic I at 512 MiB
-  over 120 s: 2.16 s against 2.21 and 2.17 s (1911 MiB read against 1953 and
-  1919). Stochastic II at 1 GiB / 0.9: 20.8 s against 21.4 and 21.5 s. Where the
-  CPU binds it costs (mixed at 1 GiB with zero-copy stages: 15.4 s against
-  DeepEye's 13.8 s in the same run of cells, and against 11.7-14.6 s for
-  unbounded Masa over five runs; the calibrated simulator predicts 15.0 s against
-  12.9 s unbounded), so it is an option, not the default (docs/scheduling.md,
+- **A bounded read-ahead window helps only where the page cache can keep part of
+  the files between jobs** (the rows *Masa read-ahead 128 MiB*: `masa run
+  --read-ahead 128MiB`; the baselines ignore it and ran again beside it, all
+  three on the same commit, one run each). It won mixed with copied weights at
+  1 GiB (Masa 9.0 s against Bulk's 10.2 s and DeepEye's 9.7 s, -7%, holding at
+  most 578 MiB and reading 1204 MiB against 1486 and 1456), stochastic I at
+  512 MiB over 120 s (2.16 s against 2.21 and 2.17 s), stochastic I at 1 GiB /
+  0.7 (1.52 s against 1.64 and 1.61 s; unbounded Masa beside the same code 1.59 s
+  against 1.64 and 1.57 s), stochastic II at 1 GiB / 0.9 (20.8 s against 21.4
+  and 21.5 s) and lifelogging at 512 MiB / 0.7 (26.0 s against 26.5 and 26.4 s).
+  It lost mixed at 512 MiB / 0.7 (15.2 s against Bulk's 14.6 s, +4.6%),
+  stochastic II at 512 MiB / 0.7 (30.3 s against DeepEye's 28.3 s, +7%) and
+  lifelogging at 1 GiB (0.7: 23.1 s against DeepEye's 19.7 s, +17%; 0.9: 26.0 s
+  against Bulk's 22.7 s, +15%), where it read more than unbounded Masa on the
+  same code (2898 and 3274 MiB against 2756 and 2949), for a reason I have not
+  found. These cells hold 3-4 jobs: DeepEye's mean in lifelogging at 1 GiB / 0.7
+  was 19.7 s in one run and 23.3 s in the next. Where the CPU binds it costs
+  (mixed at 1 GiB with zero-copy stages: 15.4 s against DeepEye's 13.8 s, and
+  against 11.7-14.6 s for unbounded Masa over five runs; the calibrated
+  simulator predicts 15.0 s against 12.9 s). So it is an option for a workload
+  whose files partly fit the page cache, not the default (docs/scheduling.md,
   Read-ahead). By hand, on the copied-weights cell: windows of 64, 128 and
   256 MiB gave 8.4-8.6 s, unbounded Masa 9.9 and 10.9 s, and unbounded Masa with
   a 640 MiB budget inside the same 1 GiB cap 8.3 and 8.4 s: the page cache's
   room, not the window as such, is what wins.
+- **Locked weights cost every policy about 30% in lifelogging at 1 GiB.** Run
+  again on today's code (03c09ce), lifelogging at 1 GiB took 22.2 / 23.1 / 23.3 s
+  (0.7) and 23.7 / 23.2 / 23.4 s (0.9) for Masa / Bulk / DeepEye, reading
+  2.76-2.95 GiB, where before the LOADs locked their weights (de10c5f) all three
+  took 17.1-17.5 s reading 2.08-2.17 GiB: locked pages of stages loaded ahead
+  cannot be reclaimed, so less of the other files stays cached. The policies
+  still tie there. Still measured before the lock: stochastic I at 1 GiB / 0.9,
+  stochastic I with copied weights at 1 GiB, stochastic I at 512 MiB over 120 s
+  (the *commit* column says which).
 - **Locked weights.** A stage loaded ahead of its EXEC used to have its weight
   pages reclaimed under the cap before they were used, and read them again inside
   the EXEC (Masa's EXECs took 44x their profiled time in mixed at 512 MiB).
@@ -1415,13 +1434,13 @@ simulating recorded cells again with every task's time scaled
   pinned factors (they set the workloads). Multipliers of 1.08 and 1.16 gave 41
   and 40 of 48, medians -9% and -4%.
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and
-  the bytes read from the card (median 0.96x). Calibrated (each network's CPU
+  the bytes read from the card (median 0.95x). Calibrated (each network's CPU
   factor alone, the multiplier beside another task, the dispatch time), its mean
-  response is within 30% in 60 of 60 runs where the card binds and 41 of 51
-  where the CPU binds; the masa/bulk ratio is within 15 points in 19 of 20
-  (mixed with copied weights at 1 GiB, -17 points since its repeat, above; with
-  Masa's read-ahead window there, -6) and 17 of 17 cells (these counts include
-  the four read-ahead cells, whose runs it predicted within 8% for Masa). Where
+  response is within 30% in 78 of 78 runs where the card binds and 41 of 51
+  where the CPU binds; the masa/bulk ratio is within 15 points in 24 of 26
+  (mixed with copied weights at 1 GiB, -17 points since its repeat, above, and
+  lifelogging at 1 GiB / 0.9 with Masa's read-ahead window, -16) and 17 of 17
+  cells (these counts include the read-ahead rows). Where
   the card binds it used to miss lifelogging at 1 GiB (+50%), mixed with copied
   weights at 1 GiB (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21
   points): its page cache evicted whole files, so a stage file of 100 MiB went
