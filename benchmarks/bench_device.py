@@ -133,12 +133,14 @@ class Cell:
 # The read-ahead window of the cells that bound it: on the copy store at 1 GiB, by
 # hand, 64, 128 and 256 MiB gave 8.4-8.6 s against 9.9-10.9 s unbounded (one run each).
 READ_AHEAD_MIB = 128
+# Card-bound cells of the 512 MiB-1 GiB columns run with the window, those where
+# unbounded Masa was not the fastest first; time ran out before the others
+# (mixed, lifelogging and stochastic I and II at 512 MiB / 0.9, stochastic II at
+# 1 GiB / 0.7, stochastic I at 1 GiB / 0.9), so they are not in the grid.
 CARD_BOUND_CELLS = (
     ("mixed", 512, 0.7), ("stochastic2", 512, 0.7), ("lifelogging", 1024, 0.7),
     ("stochastic1", 1024, 0.7), ("lifelogging", 1024, 0.9),  # Masa +0.7% to +1.9%
-    ("lifelogging", 512, 0.7), ("stochastic1", 512, 0.7), ("mixed", 512, 0.9),
-    ("lifelogging", 512, 0.9), ("stochastic1", 512, 0.9), ("stochastic2", 512, 0.9),
-    ("stochastic2", 1024, 0.7), ("stochastic1", 1024, 0.9))
+    ("lifelogging", 512, 0.7))
 
 
 def grid() -> list[Cell]:
@@ -169,8 +171,7 @@ def grid() -> list[Cell]:
               Cell("stochastic1", 512, 0.7, LENGTH_CHECK_S, read_ahead_mib=READ_AHEAD_MIB),
               Cell("stochastic2", 1024, 0.9, read_ahead_mib=READ_AHEAD_MIB),
               Cell("mixed", 1024, 0.7, read_ahead_mib=READ_AHEAD_MIB)]
-    # Then every other cell of the 512 MiB-1 GiB columns where the card binds,
-    # those where unbounded Masa was not the fastest first.
+    # Then more of the 512 MiB-1 GiB columns where the card binds.
     cells += [Cell(scenario, budget, rho, read_ahead_mib=READ_AHEAD_MIB)
               for scenario, budget, rho in CARD_BOUND_CELLS]
     return cells
