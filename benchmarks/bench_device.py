@@ -1290,17 +1290,18 @@ simulating recorded cells again with every task's time scaled
   change the bytes read. Masa's mean was within 5% of the best baseline's in
   every such cell at 60 s (-5% to +4.8%: stochastic II at 512 MiB / 0.9, 31.9 s
   against DeepEye's 33.6 s and Bulk's 35.2 s; at 1 GiB / 0.9, 22.2 s against
-  DeepEye's 21.2 s). The exceptions are stochastic I at 512 MiB over 120 s (+13%
-  against Bulk, measured before the lock) and mixed with copied weights at 1 GiB
+  DeepEye's 21.2 s). The exception is mixed with copied weights at 1 GiB
   (the card binds there because a LOAD holds each file twice): over two runs
   11.0 s against DeepEye's 9.9 s and Bulk's 10.0 s, +11% (the run before the
   repeats: 10.7 s against 9.6 s). There Masa read 1611-1793 MiB from the card
   against Bulk's 1467-1496 and DeepEye's 1447-1469: it loads ahead until its
   budget is full (peak 930 MiB held against 729 and 705), which leaves the page
   cache less room under the cap, so less of the previous job's files is still
-  cached when the next job arrives. Stochastic I at 512 MiB over 120 s shows the
-  same (2033 MiB read against 1836). Loading ahead gains nothing when the card
-  is the bottleneck. The simulator misses this cell's ratio by 17 points: its
+  cached when the next job arrives. Stochastic I at 512 MiB over 120 s showed the
+  same before the LOADs locked their weights (+13% against Bulk, 2033 MiB read
+  against 1836); run again on today's code (03c09ce) Masa is the fastest there,
+  2.29 s against 2.34 and 2.36 s. Loading ahead gains nothing when the card is
+  the bottleneck. The simulator misses this cell's ratio by 17 points: its
   Masa holds at most 706 MiB (real: 930) and all three of its policies read
   1784-1857 MiB, about what the real Masa read, so it keeps less of the
   baselines' files cached between jobs than the kernel does.
@@ -1336,9 +1337,11 @@ simulating recorded cells again with every task's time scaled
   2.76-2.95 GiB, where before the LOADs locked their weights (de10c5f) all three
   took 17.1-17.5 s reading 2.08-2.17 GiB: locked pages of stages loaded ahead
   cannot be reclaimed, so less of the other files stays cached. The policies
-  still tie there. Still measured before the lock: stochastic I at 1 GiB / 0.9,
-  stochastic I with copied weights at 1 GiB, stochastic I at 512 MiB over 120 s
-  (the *commit* column says which).
+  still tie there. The three other cells measured before the lock were run
+  again too (stochastic I at 1 GiB / 0.9: 1.60 / 1.70 / 1.66 s; with copied
+  weights at 1 GiB: 2.50 / 2.61 / 2.63 s; at 512 MiB over 120 s: 2.29 / 2.34 /
+  2.36 s): Masa is the fastest in all three. Every card-bound cell now ran on
+  code with locked weights (the *commit* column).
 - **Locked weights.** A stage loaded ahead of its EXEC used to have its weight
   pages reclaimed under the cap before they were used, and read them again inside
   the EXEC (Masa's EXECs took 44x their profiled time in mixed at 512 MiB).

@@ -50,6 +50,11 @@ def _still_ready(state: SchedulerState, heap: list[_Entry]) -> list[_Entry]:
     return kept
 
 
+def _resident_bytes(load_info: TaskInfo) -> int:
+    """What a LOAD keeps until its stage's EXEC ends: the locks it opens."""
+    return load_info.footprint_bytes - load_info.task.memory_bytes
+
+
 def _growth_bytes(exec_info: TaskInfo, resident_bytes: int) -> int:
     """What an EXEC leaves held once it ends beyond what it frees: the outputs it
     opens less its stage's resident bytes (inputs it frees are not counted: a bound)."""
@@ -191,7 +196,7 @@ class MasaPolicy:
             return
         if self.headroom:
             self._running_load_direct_bytes += task.memory_bytes
-        resident_bytes = info.footprint_bytes - task.memory_bytes
+        resident_bytes = _resident_bytes(info)
         counted_ahead = self.read_ahead_bytes is None
         for successor in info.successors:
             successor_info = state.tasks[successor]
@@ -238,19 +243,18 @@ class MasaPolicy:
             heapq.heappop(heap)
         return 0
 
-    def _own_need(self, state: SchedulerState, task_id: str) -> int:
-        """Largest footprint among the EXECs that directly wait for this LOAD."""
-        tasks = state.tasks
-        return max((tasks[successor].footprint_bytes for successor in tasks[task_id].successors
-                    if tasks[successor].task.kind is not TaskKind.LOAD), default=0)
-
-    def _own_growth(self, state: SchedulerState, task_id: str) -> int:
-        """What the EXECs that wait for this LOAD would leave held beyond its weights."""
+    def _own_needs(self, state: SchedulerState, task_id: str) -> tuple[int, int]:
+        """For the EXECs that directly wait for this LOAD: the largest footprint, and
+        what they would leave held beyond its weights (summed growth)."""
         info = state.tasks[task_id]
-        resident_bytes = info.footprint_bytes - info.task.memory_bytes
-        return sum(_growth_bytes(state.tasks[successor], resident_bytes)
-                   for successor in info.successors
-                   if state.tasks[successor].task.kind is not TaskKind.LOAD)
+        resident_bytes = _resident_bytes(info)
+        need_bytes = growth_bytes = 0
+        for successor in info.successors:
+            successor_info = state.tasks[successor]
+            if successor_info.task.kind is not TaskKind.LOAD:
+                need_bytes = max(need_bytes, successor_info.footprint_bytes)
+                growth_bytes += _growth_bytes(successor_info, resident_bytes)
+        return need_bytes, growth_bytes
 
     def _fresh_top(self, state: SchedulerState) -> _Entry | None:
         """Smallest LOAD of a network not started yet (moving ones started meanwhile)."""
@@ -317,9 +321,9 @@ class MasaPolicy:
         """Whether a LOAD may start now, with `reserve_bytes` kept free besides it."""
         if footprint + reserve_bytes > free_bytes:
             return False
+        info = state.tasks[task_id]
         if self.read_ahead_bytes is not None and self._ahead_bytes and (
-                self._ahead_bytes + footprint - state.tasks[task_id].task.memory_bytes
-                > self.read_ahead_bytes):
+                self._ahead_bytes + _resident_bytes(info) > self.read_ahead_bytes):
             return False
         if not self.headroom:
             return True
@@ -329,10 +333,10 @@ class MasaPolicy:
         # Each of those EXECs may leave its outputs held beyond the weights it frees
         # (an early conv layer: small weights, a large activation) before the largest
         # one runs, so their growth is kept too, this LOAD's own EXEC's included.
-        load = state.tasks[task_id].task
-        need = (max(self._exec_need(state), self._own_need(state, task_id))
-                + self._pending_growth_bytes + self._own_growth(state, task_id))
-        returning = self._running_load_direct_bytes + load.memory_bytes
+        own_need_bytes, own_growth_bytes = self._own_needs(state, task_id)
+        need = (max(self._exec_need(state), own_need_bytes)
+                + self._pending_growth_bytes + own_growth_bytes)
+        returning = self._running_load_direct_bytes + info.task.memory_bytes
         return free_bytes - footprint - reserve_bytes + returning >= need
 
 
