@@ -105,7 +105,7 @@ def test_mapped_weights_that_do_not_fit_are_read_again_by_their_exec() -> None:
 
 
 def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
-        tmp_path, monkeypatch, capsys) -> None:
+        tmp_path, monkeypatch, capsys, caplog) -> None:
     """`masa compare --simulate --device` needs no cgroups: the simulator models the device."""
     import json
     import os
@@ -139,6 +139,11 @@ def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
                       if p.name != "source.onnx")
     assert masa["emulation"]["bytes_read"] >= 0.9 * stage_bytes
     assert masa["summary"]["makespan_us"] >= 0.9 * stage_bytes / 20e6 * 1e6
+    assert "above what device" not in caplog.text
+    # A budget above what the cap leaves the scheduler is allowed, with a warning.
+    main(["compare", str(workload), "--store", str(store), "--device", str(device),
+          "--simulate", "--memory", "64MiB", "--policies", "masa", "--json"])
+    assert "--memory 64.0 MiB is above what device tiny leaves the scheduler" in caplog.text
 
 
 def test_concurrent_cold_loads_share_the_storage() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from masa.common.errors import EXIT_USAGE, RunFailed, UserError
+from masa.common.units import format_bytes
 from masa.report.report import emulated_report, outcome_report
 from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
@@ -31,6 +32,8 @@ from masa.runtime.runner import (
 )
 from masa.runtime.virtual import DeviceModel, SimulationResult, StageStorage
 from model_prep.manifest import NetworkManifest
+
+log = logging.getLogger(__name__)
 
 
 def device_plan(args: argparse.Namespace) -> tuple[Device, EmulationPlan]:
@@ -93,7 +96,14 @@ def measure_runtime_base(plan: EmulationPlan, args: argparse.Namespace,
 
 
 def prepare_for_device(args: argparse.Namespace) -> tuple[EmulationPlan, PreparedRun]:
-    _, plan = device_plan(args)
+    device, plan = device_plan(args)
+    room_bytes = device.default_budget_bytes(RUNTIME_BASE_BYTES)
+    if args.memory is not None and args.memory > room_bytes:
+        # Allowed (an experiment may want it), but the cap, not the budget, then binds.
+        log.warning("--memory %s is above what device %s leaves the scheduler (its %s cap "
+                    "less the runtime's base, about %s): a run may be killed",
+                    format_bytes(args.memory), device.name,
+                    format_bytes(device.memory_cap_bytes), format_bytes(room_bytes))
     prepared = prepare_run(args.workload, args.store, args.context, job_limit=args.jobs)
     return plan, prepared
 
