@@ -190,7 +190,10 @@ def test_process_isolation_gives_the_same_memory_figures(
     fresh, base = profile_network(network, runs=1, isolation="process", sample=False)
     for stage_id, profile in fresh.items():
         other = recycled[stage_id]
-        assert abs(profile.resident_bytes - other.resident_bytes) <= MIB, stage_id
+        # Each figure is a difference of RSS readings, each off by up to the kernel's
+        # per-CPU counter batching (CI once saw 1 MiB + 12 KiB).
+        assert abs(profile.resident_bytes - other.resident_bytes) <= (
+            MIB + 2 * RSS_COUNTER_SLACK_BYTES), stage_id
         assert _agree(other.load_peak_bytes, profile.load_peak_bytes), stage_id
         # Without the sampler the sampled fields repeat the kernel figure.
         assert profile.sampled_load_peak_bytes == profile.load_peak_bytes
