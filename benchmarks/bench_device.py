@@ -1334,8 +1334,8 @@ simulating recorded cells again with every task's time scaled
 - **Locked weights cost every policy about 30% in lifelogging at 1 GiB.** Run
   again on today's code (03c09ce), lifelogging at 1 GiB took 22.2 / 23.1 / 23.3 s
   (0.7) and 23.7 / 23.2 / 23.4 s (0.9) for Masa / Bulk / DeepEye, reading
-  2.76-2.95 GiB, where before the LOADs locked their weights (de10c5f) all three
-  took 17.1-17.5 s reading 2.08-2.17 GiB: locked pages of stages loaded ahead
+  2756-2949 MiB, where before the LOADs locked their weights (de10c5f) all three
+  took 17.1-17.5 s reading 2082-2173 MiB: locked pages of stages loaded ahead
   cannot be reclaimed, so less of the other files stays cached. The policies
   still tie there. The three other cells measured before the lock were run
   again too (stochastic I at 1 GiB / 0.9: 1.60 / 1.70 / 1.66 s; with copied
