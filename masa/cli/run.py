@@ -65,8 +65,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read-ahead", type=memory_size, default=None, metavar="SIZE",
                         help="masa only: bound the stages loaded ahead of their EXEC to this "
                              "many resident bytes (one stage is always allowed; default: as "
-                             "memory allows). Where a slow card binds, 128MiB leaves the "
-                             "page cache room (docs/scheduling.md, Read-ahead)")
+                             "memory allows). Where a slow card binds and the store holds "
+                             "copied weights, 128MiB leaves the page cache room; with "
+                             "zero-copy stages it is no gain (docs/scheduling.md, "
+                             "Read-ahead)")
     add_json_flag(parser, "the report")
 
 

@@ -114,9 +114,10 @@ class MasaPolicy:
     not exceed it, except that one stage may always be loaded ahead (a stage
     larger than the window still loads, alone). Without it loads run ahead
     until memory is full, which is right where loading costs CPU; where a slow
-    card binds, the memory left to the page cache keeps the next jobs' stage
-    files cached, and Masa filling its budget made it read more than the
-    baselines (docs/scheduling.md, "Read-ahead").
+    card binds and stages hold copied weights, the memory left to the page
+    cache keeps the next jobs' stage files cached, and Masa filling its budget
+    made it read more than the baselines. Zero-copy stages are their files'
+    cached pages, and there it is no gain (docs/scheduling.md, "Read-ahead").
     """
 
     name = "masa"
