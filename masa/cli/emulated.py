@@ -55,7 +55,8 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
         "settings": {"policy": policy, "workers": args.workers,
                      "memory_budget_bytes": args.memory,
                      "memory_source": getattr(args, "memory_source", "measured"),
-                     "read_ahead_bytes": getattr(args, "read_ahead", None)},
+                     "read_ahead_bytes": getattr(args, "read_ahead", None),
+                     "keep_cached_bytes": getattr(args, "keep_cached", None)},
     }
 
 

@@ -69,6 +69,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "copied weights, 128MiB leaves the page cache room; with "
                              "zero-copy stages it is no gain (docs/scheduling.md, "
                              "Read-ahead)")
+    parser.add_argument("--keep-cached", type=memory_size, default=None, metavar="SIZE",
+                        help="real runs: keep at most SIZE of unloaded stages' files in the "
+                             "page cache, the first unloaded, and drop the others at their "
+                             "unload, so that jobs cycling through more stage files than "
+                             "the cache holds find the first ones cached (docs/scheduling.md, "
+                             "Keeping stage files cached; default: the kernel decides)")
     add_json_flag(parser, "the report")
 
 
@@ -127,7 +133,8 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
                            memory_budget_bytes=(DEFAULT_MEMORY_BYTES if args.memory is None
                                                 else args.memory),
                            memory_source=getattr(args, "memory_source", "measured"),
-                           read_ahead_bytes=getattr(args, "read_ahead", None))
+                           read_ahead_bytes=getattr(args, "read_ahead", None),
+                           keep_cached_bytes=getattr(args, "keep_cached", None))
     settings.check()
     return settings
 

@@ -16,7 +16,8 @@ than the standard library and psutil:
 - `page_cache_bytes(path)`: how much of a file is in memory (mincore), for the
   stage data files a LOAD maps: those pages are the stage's weights, held for
   it whether or not the process has touched them yet, and a memory cgroup is
-  charged for them;
+  charged for them; `drop_cached(path)` drops a file's pages from it
+  (posix_fadvise DONTNEED: only pages nothing maps or locks);
 - the process's memory cgroup (v1 or v2): `find_memory_cgroup`,
   `read_cgroup_memory` and `CgroupMeter` (usage at the start of a run, its peak
   and OOM kills over the run). The root cgroup is never reported: its figures
@@ -139,6 +140,24 @@ class _Cachestat(ctypes.Structure):
 # cachestat(2), Linux >= 6.5: the same number on every architecture (a syscall
 # added after the tables were unified).
 _SYS_CACHESTAT = 451
+
+
+def drop_cached(path: str | Path, write_back: bool = False) -> int:
+    """Drop the file's pages from the page cache, except those a process maps or
+    locks (posix_fadvise DONTNEED); its size in bytes, 0 if it cannot be opened.
+    `write_back` first writes dirty pages, which DONTNEED would keep: a file
+    written moments before."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        if write_back:
+            os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def page_cache_bytes(path: str | Path) -> int | None:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from masa.common.errors import UserError
+from masa.common.procmem import drop_cached
 from masa.runtime.device import Device
 
 log = logging.getLogger(__name__)
@@ -374,19 +375,7 @@ def evict_files(paths: Iterable[str | Path]) -> int:
     Each file is written back first: the kernel keeps dirty pages on
     POSIX_FADV_DONTNEED, so a store prepared moments before (its pages still
     dirty under a busy disk) would otherwise start partly warm."""
-    total = 0
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            total += os.fstat(fd).st_size
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return total
+    return sum(drop_cached(path, write_back=True) for path in paths)
 
 
 # ------------------------------------------------------------------ one emulated run

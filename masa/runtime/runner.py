@@ -64,6 +64,10 @@ class RunSettings:
     # masa's read-ahead window: the resident bytes of stages loaded ahead of their
     # EXEC (None: as many as memory allows; MasaPolicy). Other policies ignore it.
     read_ahead_bytes: int | None = None
+    # Real runs: at most this many bytes of unloaded stages' files stay cached, those
+    # unloaded first; the others are dropped at their unload (masa.runtime.pagecache).
+    # None: the kernel alone decides. The simulator does not model it.
+    keep_cached_bytes: int | None = None
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -76,6 +80,8 @@ class RunSettings:
                             f"got {self.memory_source!r}")
         if self.read_ahead_bytes is not None and self.read_ahead_bytes < 0:
             raise UserError(f"--read-ahead: expected a size >= 0, got {self.read_ahead_bytes}")
+        if self.keep_cached_bytes is not None and self.keep_cached_bytes < 0:
+            raise UserError(f"--keep-cached: expected a size >= 0, got {self.keep_cached_bytes}")
 
 
 @dataclass(frozen=True)
@@ -348,7 +354,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       policy=settings.policy, memory_source=settings.memory_source,
                       intra_op_threads=settings.intra_op_threads,
                       keep_outputs=settings.keep_outputs,
-                      read_ahead_bytes=settings.read_ahead_bytes),
+                      read_ahead_bytes=settings.read_ahead_bytes,
+                      keep_cached_bytes=settings.keep_cached_bytes),
         context=controller,
     )
     executor.driver.observers.extend(observers)

@@ -60,6 +60,7 @@ from masa.common.procmem import (
     CgroupMeter,
     CgroupRunMemory,
     ResidentSplit,
+    drop_cached,
     find_memory_cgroup,
     page_cache_bytes,
     peak_rss_bytes,
@@ -69,6 +70,7 @@ from masa.common.procmem import (
     resident_split,
 )
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
+from masa.runtime.pagecache import KeptFiles
 from masa.runtime.registry import close_policy, make_policy
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import (
@@ -119,6 +121,7 @@ class RealRunConfig:
     # whenever something is unmodelled (a batch run, measured as closely as it can).
     heap_slack_bytes: int = 0
     read_ahead_bytes: int | None = None  # masa's read-ahead window (None: memory bounds it)
+    keep_cached_bytes: int | None = None  # stage files kept cached (masa.runtime.pagecache)
 
 
 @dataclass
@@ -317,9 +320,12 @@ class _ResidentMeter:
 class _Stages:
     """Sessions and tensors of the running jobs. Touched by workers and the loop's thread."""
 
-    def __init__(self, manifests: Mapping[str, NetworkManifest], intra_op_threads: int):
+    def __init__(self, manifests: Mapping[str, NetworkManifest], intra_op_threads: int,
+                 keep_cached_bytes: int | None = None):
         self.manifests = manifests
         self.intra_op_threads = intra_op_threads
+        # Which unloaded stages' files stay cached (None: the kernel decides alone).
+        self.kept_files = None if keep_cached_bytes is None else KeptFiles(keep_cached_bytes)
         self.stages: dict[tuple[str, str], Stage] = {
             (name, stage.stage_id): stage
             for name, manifest in manifests.items() for stage in manifest.stages
@@ -399,11 +405,16 @@ class _Stages:
 
     def _unload(self, key: tuple[str, str]) -> bool:
         with self.lock:
-            self.weights_in_memory.pop(key, None)
+            mapped = self.weights_in_memory.pop(key, None)
             locked = self.locked_weights.pop(key, None)
             unloaded = self.sessions.pop(key, None) is not None
+            drop = (mapped is not None and self.kept_files is not None
+                    and self.kept_files.unloaded(*mapped))
         if locked is not None:
             locked.unlock()  # outside the lock: unmapping a large locked file takes a while
+        if drop:
+            assert mapped is not None
+            drop_cached(mapped[0])  # pages another job's stage maps stay
         return unloaded
 
     def stage_file_bytes(self) -> int:
@@ -431,7 +442,7 @@ class ThreadBackend:
         self.manifests = manifests
         self.inputs_for = inputs_for
         self.clock = clock
-        self.stages = _Stages(manifests, config.intra_op_threads)
+        self.stages = _Stages(manifests, config.intra_op_threads, config.keep_cached_bytes)
         # Completions from workers, and None to wake the loop for a submitted job.
         self.completions: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
         self.work_queues: list[queue.SimpleQueue[Task | None]] = [

@@ -1,0 +1,108 @@
+"""Keeping stage files cached (`--keep-cached`, masa.runtime.pagecache): the rule
+keeps the files unloaded first up to its size and drops the others, and the
+executor's unload really drops their pages from the page cache, except pages a
+stage of another job still maps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from masa.cli.main import main as masa_main
+from masa.common.procmem import drop_cached, page_cache_bytes
+from masa.runtime.pagecache import KeptFiles
+from masa.runtime.threads import _Stages
+from masa.sched.taskgraph import Task, TaskKind
+from model_prep.manifest import NetworkManifest
+from model_prep.split import split_model
+from tests import models
+from tests.test_zero_copy import _can_lock, _fc_model
+
+
+def test_kept_files_keep_the_first_unloaded_and_drop_the_rest() -> None:
+    kept = KeptFiles(keep_bytes=10)
+    assert kept.unloaded("a", 4) is False and kept.unloaded("b", 4) is False
+    assert kept.unloaded("c", 4) is True  # 12 > 10: the most recent goes
+    assert kept.unloaded("a", 4) is False  # kept files stay kept, counted once
+    assert kept.unloaded("d", 2) is False  # what still fits is kept
+    assert kept.unloaded("c", 4) is True
+    assert (kept.kept_bytes, kept.dropped_bytes) == (10, 8)
+    assert KeptFiles(0).unloaded("a", 1) is True
+    with pytest.raises(ValueError, match="keep_bytes"):
+        KeptFiles(-1)
+
+
+@pytest.fixture(scope="module")
+def fc_manifest(tmp_path_factory: pytest.TempPathFactory) -> NetworkManifest:
+    directory = tmp_path_factory.mktemp("fc-keep")
+    source = models.save(_fc_model(np.random.default_rng(7)), directory, "fc")
+    manifest = split_model(source, directory / "fc", "fc")
+    return replace(manifest, stages=tuple(replace(s, prepack=False) for s in manifest.stages))
+
+
+def _data_paths(manifest: NetworkManifest) -> list[str]:
+    return [f"{manifest.stage_path(stage)}.data" for stage in manifest.stages]
+
+
+def _loads(manifest: NetworkManifest, job: int) -> list[Task]:
+    return [Task(f"j{job}/fc/{s.stage_id}/load", TaskKind.LOAD, 0, 0, group=f"j{job}/fc",
+                 network="fc", stage_id=s.stage_id) for s in manifest.stages]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_unload_drops_what_is_not_kept(fc_manifest: NetworkManifest, keep: bool) -> None:
+    first, second = _data_paths(fc_manifest)
+    for path in (first, second):
+        drop_cached(path)
+    first_bytes = Path(first).stat().st_size
+    stages = _Stages({"fc": fc_manifest}, intra_op_threads=1,
+                     keep_cached_bytes=first_bytes if keep else None)
+    loads = _loads(fc_manifest, 0)
+    for task in loads:
+        stages.run_task(task)
+    for task in loads:  # stage 0 is unloaded first, so it is the one kept
+        stages.release(task)
+    assert page_cache_bytes(first) == first_bytes
+    # Without the rule the kernel keeps both (no memory pressure here); with it the
+    # second file, unloaded once the kept bytes were full, is dropped at its unload.
+    assert page_cache_bytes(second) == (0 if keep else Path(second).stat().st_size)
+
+
+def test_pages_another_job_maps_stay_cached(fc_manifest: NetworkManifest) -> None:
+    _, second = _data_paths(fc_manifest)
+    size = Path(second).stat().st_size
+    if not _can_lock(2 * size):
+        pytest.skip("RLIMIT_MEMLOCK below the weights and not root: mlock is refused here")
+    stages = _Stages({"fc": fc_manifest}, intra_op_threads=1, keep_cached_bytes=0)
+    mine, other = _loads(fc_manifest, 0)[1], _loads(fc_manifest, 1)[1]
+    stages.run_task(mine)
+    stages.run_task(other)
+    stages.release(mine)  # dropped by the rule, but job 1's stage holds the pages
+    assert page_cache_bytes(second) == size
+    stages.release(other)
+    assert page_cache_bytes(second) == 0
+
+
+def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    source = models.save(_fc_model(np.random.default_rng(7)), tmp_path, "fc")
+    assert masa_main(["prepare", str(source), "--store", str(store), "--name", "fc",
+                      "--no-profile"]) == 0
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [fc]\narrivals: {kind: periodic, interval_ms: 5, count: 2}\n")
+    report_path = tmp_path / "r.json"
+    assert masa_main(["run", str(workload), "--store", str(store), "--memory", "256MiB",
+                      "--keep-cached", "0", "--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["meta"]["keep_cached_bytes"] == 0
+    assert all(n["status"] == "done" for j in report["jobs"] for n in j["networks"])
+    data_files = sorted((store / "fc").rglob("*.data"))
+    assert data_files and all(page_cache_bytes(path) == 0 for path in data_files)
+    with pytest.raises(SystemExit) as bad_size:  # argparse: one line, exit 2
+        masa_main(["run", str(workload), "--store", str(store), "--keep-cached=-1MiB"])
+    assert bad_size.value.code == 2
