@@ -1411,7 +1411,15 @@ simulating recorded cells again with every task's time scaled
   2756-2949 MiB, where before the LOADs locked their weights (de10c5f) all three
   took 17.1-17.5 s reading 2082-2173 MiB: locked pages of stages loaded ahead
   cannot be reclaimed, so less of the other files stays cached. The policies
-  still tie there. The three other cells measured before the lock were run
+  tied there then. Run again on e755929 (2026-11-26, after the machine was
+  restarted and the zoo prepared again; no change to the executor or the
+  policies since 03c09ce), Masa took 12.8 s (0.7) and 12.9 s (0.9) against
+  Bulk's 22.2 and 22.5 s and DeepEye's 23.0 and 23.1 s, and read 1604 MiB (the
+  1092 MiB of stage files once, then 256 MiB a job) against 2757 MiB; twice
+  more by hand, the same 12.8 s. The same code's Masa thus read either about
+  what Bulk reads or half of it, depending on which pages the kernel kept; the
+  page shows the mean of the two runs, and the simulator (19.1 s for every
+  policy) sees neither. The three other cells measured before the lock were run
   again too (stochastic I at 1 GiB / 0.9: 1.60 / 1.70 / 1.66 s; with copied
   weights at 1 GiB: 2.50 / 2.61 / 2.63 s; at 512 MiB over 120 s: 2.29 / 2.34 /
   2.36 s): Masa is the fastest in all three. Every card-bound cell now ran on
@@ -1516,12 +1524,14 @@ simulating recorded cells again with every task's time scaled
   factor alone, the multiplier beside another task, the dispatch time), its mean
   response is within 30% in 96 of 96 runs where the card binds and 41 of 51
   where the CPU binds (33 of 39 counting each group of repeated cells as one
-  experiment); the masa/bulk ratio is within 15 points in 28 of 32 (mixed with
-  copied weights at 1 GiB, -17 points since its repeat, above, and three cells
+  experiment); the masa/bulk ratio is within 15 points in 26 of 32 (mixed with
+  copied weights at 1 GiB, -17 points since its repeat, above; three cells
   with Masa's read-ahead window whose real runs re-read what the simulated
   page cache keeps: lifelogging at 1 GiB / 0.7 and 0.9, -20 and -17, stochastic
-  I at 512 MiB / 0.9, -16) and 17 of 17 cells (these counts include the
-  read-ahead rows). Where
+  I at 512 MiB / 0.9, -16; and the two unbounded lifelogging cells at 1 GiB,
+  +21 and +18, whose second runs kept more cached than the simulated page
+  cache, above) and 17 of 17 cells (these counts include the read-ahead
+  rows). Where
   the card binds it used to miss lifelogging at 1 GiB (+50%), mixed with copied
   weights at 1 GiB (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21
   points): its page cache evicted whole files, so a stage file of 100 MiB went
