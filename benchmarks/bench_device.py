@@ -1499,7 +1499,11 @@ simulating recorded cells again with every task's time scaled
   of the large fc stages (3-6 ms: the loop unmaps the stage's locked weights,
   8-9 ms for 288 MiB, before its next decision). Simulated as a 420 us hand-off
   plus 30 us per MiB of weights unmapped, the fit is worse (37 of 48): small's
-  many small tasks get cheaper, and Masa there is already too fast.
+  many small tasks get cheaper, and Masa there is already too fast. Light
+  (context wait), the scenario it misses most (Masa -47%, DeepEye -52%), has
+  the same gap: 672 us mean (median 313 us) over 300 jobs at 2.0 on the warm
+  store, against small's 686 us in the same session (2026-11-26, a `/tmp`
+  script over this module's functions): its miss is not the dispatch time.
 - **Two tasks at once.** Bulk runs a network's EXECs one after another; Masa and
   DeepEye mostly run two tasks at once. Per network and cell, their EXECs took a
   median 1.126x Bulk's when fitted (1.125x with the third runs of the 2 GiB cells:
