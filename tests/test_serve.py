@@ -443,10 +443,23 @@ def test_the_read_ahead_window_reaches_the_daemons_policy(store: Store, tmp_path
         service.close()
 
 
+def test_keep_cached_reaches_the_daemons_executor(store: Store, tmp_path: Path) -> None:
+    from masa.serve.service import Service
+
+    assert load_config(write_config(tmp_path, store)).keep_cached_bytes is None
+    config = load_config(write_config(tmp_path, store, keep_cached="4MiB"))
+    service = Service(config)
+    try:
+        kept = service.backend.stages.kept_files
+        assert kept is not None and kept.keep_bytes == 4 * 2**20
+    finally:
+        service.close()
+
+
 def test_a_bad_config_lists_every_problem_with_its_path(store: Store, tmp_path: Path) -> None:
     config = write_config(
         tmp_path, store, workers=0, policy="fastest", memory="lots", listen="nowhere",
-        read_ahead="a little",
+        read_ahead="a little", keep_cached="-1MiB",
         limits={"max_queued_jobs": 0, "bogus": 1},
         graphs={"g": {"graph": {"convnet": None, "resnet": {"after": "convnet"}},
                       "preprocess": {"convnet": {"layout": "chw"}, "ghost": {}}},
@@ -460,6 +473,7 @@ def test_a_bad_config_lists_every_problem_with_its_path(store: Store, tmp_path: 
     for expected in ("at 'workers': expected a positive number, got 0",
                      "at 'policy': expected one of", "at 'memory': expected 'auto' or",
                      "at 'read_ahead': expected a size such as 512MiB",
+                     "at 'keep_cached': expected a size such as 512MiB",
                      "at 'listen': expected HOST:PORT",
                      "at 'limits.max_queued_jobs': expected an integer >= 1",
                      "at 'limits.bogus': unknown field",

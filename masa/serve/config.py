@@ -46,9 +46,10 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 LAYOUTS = ("nchw", "nhwc")
 JOURNAL_SYNC = ("full", "normal")
-_TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "workers", "policy", "context",
-               "memory_source", "intra_op_threads", "listen", "token_file", "journal",
-               "journal_sync", "retention_s", "limits", "shutdown_grace_s", "graphs"}
+_TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "keep_cached", "workers",
+               "policy", "context", "memory_source", "intra_op_threads", "listen",
+               "token_file", "journal", "journal_sync", "retention_s", "limits",
+               "shutdown_grace_s", "graphs"}
 _LIMIT_DEFAULTS: dict[str, Any] = {
     "max_queued_jobs": 64,  # accepted jobs not yet ended; more: 429
     "max_body_bytes": 16 * 2**20,  # a request body; more: 413
@@ -97,6 +98,7 @@ class ServeConfig:
     memory_budget_bytes: int | None  # None: auto (resolved at start, see budget.py)
     memory_margin_bytes: int
     read_ahead_bytes: int | None  # masa's read-ahead window (None: as memory allows)
+    keep_cached_bytes: int | None  # stage files kept cached (None: the kernel decides)
     workers: int
     policy: str
     context: str
@@ -237,6 +239,8 @@ def _parse_settings(errors: ErrorCollector, raw: Mapping[str, Any], base: Path
         "memory_margin_bytes": _size(errors, raw, "memory_margin", 64 * 2**20),
         "read_ahead_bytes": (None if raw.get("read_ahead") is None
                              else _size(errors, raw, "read_ahead", 0)),
+        "keep_cached_bytes": (None if raw.get("keep_cached") is None
+                              else _size(errors, raw, "keep_cached", 0)),
         "workers": _positive(errors, raw, "workers", 2),
         "policy": _choice(errors, raw, "policy", POLICY_NAMES, "masa"),
         "context": _choice(errors, raw, "context", CONTEXT_MODES, "wait"),

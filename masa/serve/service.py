@@ -241,7 +241,8 @@ class Service:
             RealRunConfig(workers=config.workers, memory_budget_bytes=self.budget_bytes,
                           policy=config.policy, memory_source=config.memory_source,
                           intra_op_threads=config.intra_op_threads, keep_outputs=True,
-                          heap_slack_bytes=heap_slack_bytes(self.budget_bytes)))
+                          heap_slack_bytes=heap_slack_bytes(self.budget_bytes),
+                          keep_cached_bytes=config.keep_cached_bytes))
         self.driver = Driver(self.state, self.backend, context=controller,
                              observers=[_JobObserver(self)], forget_ended=True)
         # Journal records off the scheduler's thread, in order; None stops the writer.
