@@ -87,7 +87,8 @@ def test_pages_another_job_maps_stay_cached(fc_manifest: NetworkManifest) -> Non
     assert page_cache_bytes(second) == 0
 
 
-def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path) -> None:
+def _fc_store(tmp_path: Path) -> tuple[Path, Path]:
+    """A store holding the fc network (mmap stages, not profiled) and a two-job workload."""
     store = tmp_path / "store"
     store.mkdir()
     source = models.save(_fc_model(np.random.default_rng(7)), tmp_path, "fc")
@@ -95,6 +96,11 @@ def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path
                       "--no-profile"]) == 0
     workload = tmp_path / "w.yaml"
     workload.write_text("graph: [fc]\narrivals: {kind: periodic, interval_ms: 5, count: 2}\n")
+    return store, workload
+
+
+def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path) -> None:
+    store, workload = _fc_store(tmp_path)
     report_path = tmp_path / "r.json"
     assert masa_main(["run", str(workload), "--store", str(store), "--memory", "256MiB",
                       "--keep-cached", "0", "--report", str(report_path)]) == 0
@@ -106,3 +112,11 @@ def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path
     with pytest.raises(SystemExit) as bad_size:  # argparse: one line, exit 2
         masa_main(["run", str(workload), "--store", str(store), "--keep-cached=-1MiB"])
     assert bad_size.value.code == 2
+
+
+def test_a_simulation_says_it_does_not_model_keep_cached(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, workload = _fc_store(tmp_path)
+    assert masa_main(["run", str(workload), "--store", str(store), "--simulate",
+                      "--keep-cached", "1MiB"]) == 0
+    assert "--keep-cached: a simulation does not model it" in caplog.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,8 @@ from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.units import format_bytes
 from masa.runtime.registry import POLICY_NAMES
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -136,6 +139,9 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
                            read_ahead_bytes=getattr(args, "read_ahead", None),
                            keep_cached_bytes=getattr(args, "keep_cached", None))
     settings.check()
+    if settings.keep_cached_bytes is not None and getattr(args, "simulate", False):
+        log.warning("--keep-cached: a simulation does not model it (the page cache's "
+                    "contents are the simulator's own); it applies to real runs only")
     return settings
 
 
