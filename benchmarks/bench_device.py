@@ -968,16 +968,17 @@ def _short(record: dict[str, Any]) -> str:
 def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
     """The simulator (`side`: simulated or simulated_cpu) against the emulated device,
     over every run with both: mean errors and masa/bulk ratio gaps, each with the
-    resource that binds (`bound_by`) and the cell's short name."""
+    resource that binds (`bound_by`) and the cell's short name (the errors also with
+    the cell's key)."""
     errors, kills, ratio_gaps = [], {"both": 0, "real only": 0, "simulated only": 0}, []
-    for runs in _by_cell(results).values():
+    for key, runs in _by_cell(results).items():
         for record in runs.values():
             real, sim = record["real"], record.get(side)
             if sim is None:
                 continue
             if real["status"] == sim["status"] == "finished" and real["mean_ms"]:
                 errors.append((bound_by(record), f"{_short(record)} {record['policy']}",
-                               sim["mean_ms"] / real["mean_ms"] - 1))
+                               sim["mean_ms"] / real["mean_ms"] - 1, key))
             killed = (real["status"] == "killed", sim["status"] == "killed")
             if killed == (True, True):
                 kills["both"] += 1
@@ -1002,7 +1003,7 @@ def _calibration_side(found: dict[str, Any]) -> list[str]:
     lines = [f"- Kills: predicted and real {kills['both']}, real but not predicted "
              f"{kills['real only']}, predicted but not real {kills['simulated only']}."]
     for bound, title in BOUND_TITLE.items():
-        named = [(name, e) for b, name, e in found["mean_errors"] if b == bound]
+        named = [(name, e) for b, name, e, _ in found["mean_errors"] if b == bound]
         errors = [e for _, e in named]
         gaps = [(name, g) for b, name, g in found["ratio_gaps_pp"] if b == bound]
         if not errors:
@@ -1067,15 +1068,18 @@ def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple[list
             for name, cells in _repeat_groups(results).items()}
 
 
-def pooled_cpu_errors(results: Sequence[dict[str, Any]], side: str) -> list[tuple[str, float]]:
-    """Where the CPU binds, the simulated mean over the real one - 1 per run, counting
-    each group of repeated cells (`_repeat_groups`) as one experiment: its simulated
-    mean against the mean of all its real runs, per policy. A single run's mean moves
-    by up to 2x from one run to the next there, so the per-cell count measures that
-    noise as much as the simulator."""
-    groups = _repeat_groups(results)
+def pooled_cpu_errors(results: Sequence[dict[str, Any]], side: str,
+                      groups: dict[str, dict[str, dict[str, dict[str, Any]]]]
+                      ) -> list[tuple[str, float]]:
+    """Where the CPU binds, the simulated mean over the real one - 1 per run
+    (`calibration`), counting each group of repeated cells (`_repeat_groups`) as one
+    experiment: its simulated mean against the mean of all its real runs, per policy.
+    A single run's mean moves by up to 2x from one run to the next there, so the
+    per-cell count measures that noise as much as the simulator."""
     grouped = {key for cells in groups.values() for key in cells}
-    errors = []
+    errors = [(name, error) for bound, name, error, key
+              in calibration(results, side)["mean_errors"]
+              if bound == "cpu" and key not in grouped]
     for name, cells in groups.items():
         for policy in POLICIES:
             simulated = [(runs[policy].get(side) or {}).get("mean_ms")
@@ -1083,18 +1087,13 @@ def pooled_cpu_errors(results: Sequence[dict[str, Any]], side: str) -> list[tupl
             if None not in simulated:
                 errors.append((f"{name} {policy}", float(np.mean(simulated))
                                / float(np.mean(_real_means_ms(cells, policy))) - 1))
-    for key, runs in _by_cell(results).items():
-        for policy, record in runs.items():
-            real, sim = record["real"], record.get(side)
-            if (key not in grouped and sim is not None and bound_by(record) == "cpu"
-                    and real["status"] == sim["status"] == "finished" and real["mean_ms"]):
-                errors.append((f"{_short(record)} {policy}", sim["mean_ms"] / real["mean_ms"] - 1))
     return errors
 
 
 def pooled_line(results: Sequence[dict[str, Any]], side: str) -> list[str]:
-    errors = pooled_cpu_errors(results, side)
-    if not errors or not _repeat_groups(results):
+    groups = _repeat_groups(results)
+    errors = pooled_cpu_errors(results, side, groups)
+    if not errors or not groups:  # without groups it is the per-run count above
         return []
     far = ", ".join(f"{name} {e:+.0%}" for name, e in errors if abs(e) > 0.3)
     within = sum(abs(e) <= 0.3 for _, e in errors)

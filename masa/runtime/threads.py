@@ -412,8 +412,7 @@ class _Stages:
                     and self.kept_files.unloaded(*mapped))
         if locked is not None:
             locked.unlock()  # outside the lock: unmapping a large locked file takes a while
-        if drop:
-            assert mapped is not None
+        if mapped is not None and drop:
             drop_cached(mapped[0])  # pages another job's stage maps stay
         return unloaded
 
