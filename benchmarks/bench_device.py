@@ -500,6 +500,7 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
     real.setdefault("meta", {}).update(_profiled_us_by_network(prepared))
     record = {"key": cell.key, "policy": policy, **cell.__dict__, "jobs": len(prepared.jobs),
               "commit": _commit(), "profile": pin.fingerprint,
+              "simulated_policy": policy,
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
@@ -721,8 +722,17 @@ def resimulate(args: argparse.Namespace) -> None:
                 continue
             device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
-            record.update(simulate(record["policy"], prepared, device, base_bytes, cell, pin))
+            record.update(simulate(simulated_policy(record), prepared, device, base_bytes,
+                                   cell, pin))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
+
+
+def simulated_policy(record: dict[str, Any]) -> str:
+    """The policy a recorded run ran, by its name today: runs recorded before `masa`
+    planned batches (no `simulated_policy` field) ran what is now `masa-noplan`."""
+    if "simulated_policy" in record:
+        return record["simulated_policy"]
+    return "masa-noplan" if record["policy"] == "masa" else record["policy"]
 
 
 SENSITIVITY_SCALES = (1.0, 1.1, 1.2, 1.3, 1.4)
@@ -748,8 +758,8 @@ def sensitivity(args: argparse.Namespace) -> None:
                 device, base_bytes = recorded_device(record, cell)
                 means = []
                 for scale in SENSITIVITY_SCALES:
-                    sim = simulate(record["policy"], prepared, device, base_bytes, cell, pin,
-                                   scale)["simulated_cpu"]
+                    sim = simulate(simulated_policy(record), prepared, device, base_bytes,
+                                   cell, pin, scale)["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",

@@ -49,6 +49,7 @@ BASELINES = ("bulk", "deepeye")
 POLICIES: dict[str, Callable[[], Policy]] = {
     "masa": lambda: make_policy("masa"),
     "masa-greedy": lambda: MasaPolicy(job_order=False),
+    "masa-noplan": lambda: make_policy("masa-noplan"),
     "bulk": lambda: make_policy("bulk"),
     "deepeye": lambda: make_policy("deepeye"),
 }

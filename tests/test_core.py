@@ -55,11 +55,11 @@ def test_new_state_rejects_bad_input() -> None:
     with pytest.raises(UserError, match="policy"):
         new_state(1, 100, make_policy("fifo"))
     with pytest.raises(UserError, match="workers"):
-        new_state(0, 100, make_policy("masa"))
+        new_state(0, 100, make_policy("masa-noplan"))
 
 
 def test_locks_reserved_at_dispatch_released_after_last_consumer() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     ledger = state.ledger
     [dispatch] = select(state)
@@ -84,7 +84,7 @@ def test_locks_reserved_at_dispatch_released_after_last_consumer() -> None:
 
 
 def test_failed_task_fails_its_group_and_releases_everything() -> None:
-    state = new_state(2, 1000, make_policy("masa"))
+    state = new_state(2, 1000, make_policy("masa-noplan"))
     add_tasks(state, merge([chain_network(0, 0, [10, 500, 500]),
                             chain_network(0, 1, [20, 600])]))
     running = {d.task_id for d in select(state)}
@@ -109,7 +109,7 @@ def test_failed_task_fails_its_group_and_releases_everything() -> None:
 
 
 def test_failure_lists_other_running_tasks_of_the_group_to_terminate() -> None:
-    state = new_state(2, 1000, make_policy("masa"))
+    state = new_state(2, 1000, make_policy("masa-noplan"))
     add_tasks(state, chain_network(0, 0, [10, 10]))
     assert {d.task_id for d in select(state)} == {"j0/n0/s0/load", "j0/n0/s1/load"}
     finished = finish(state, "j0/n0/s1/load", ok=False)
@@ -123,7 +123,7 @@ def test_failure_lists_other_running_tasks_of_the_group_to_terminate() -> None:
 
 
 def test_cancel_group_releases_memory_of_finished_loads() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, chain_network(0, 0, [100, 100]))
     select(state)
     finish(state, "j0/n0/s0/load")
@@ -139,7 +139,7 @@ def test_cancel_group_releases_memory_of_finished_loads() -> None:
 
 
 def test_fail_group_while_running_ends_after_the_running_task() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, chain_network(0, 0, [40]))
     select(state)
     assert fail_group(state, "j0/n0", "bad input shape") == ["j0/n0/s0/load"]
@@ -155,7 +155,7 @@ def test_cancelling_an_upstream_group_cancels_dependent_groups() -> None:
     downstream = chain_network(0, 1, [10])
     # The downstream network's first LOAD waits for the upstream's EXEC.
     edge = TaskGraph(tasks=(), precedence=(("j0/n0/s0/exec", "j0/n1/s0/load"),))
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, merge([upstream, downstream, edge]))
     cancel_group(state, "j0/n0", "skipped")
     assert group_status(state, "j0/n1") is GroupStatus.CANCELLED
@@ -163,7 +163,7 @@ def test_cancelling_an_upstream_group_cancels_dependent_groups() -> None:
 
 
 def test_gate_keeps_tasks_pending_until_opened() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     gate_group(state, "j0/n1")  # before the group exists
     add_tasks(state, merge([chain_network(0, 0, [10]), chain_network(0, 1, [1])]))
     assert state.tasks["j0/n1/s0/load"].state is TaskState.PENDING
@@ -182,7 +182,7 @@ def test_gate_keeps_tasks_pending_until_opened() -> None:
 
 
 def test_gating_a_ready_task_withdraws_it_from_the_policy() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, merge([single("small", TaskKind.LOAD, 1, group="a"),
                             single("big", TaskKind.LOAD, 50, group="b")]))
     gate_group(state, "a")
@@ -194,7 +194,7 @@ def test_gating_a_ready_task_withdraws_it_from_the_policy() -> None:
 
 
 def test_tasks_wait_for_arrival() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, single("x", TaskKind.EXEC, 1), arrived=False)
     assert select(state) == []
     arrive(state, ["x"])
@@ -202,7 +202,7 @@ def test_tasks_wait_for_arrival() -> None:
 
 
 def test_add_tasks_rejects_duplicates_unknown_ids_and_cycles() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, single("x", TaskKind.EXEC, 1))
     with pytest.raises(SchedulerError, match="duplicate"):
         add_tasks(state, single("x", TaskKind.EXEC, 1))
@@ -218,7 +218,7 @@ def test_add_tasks_rejects_duplicates_unknown_ids_and_cycles() -> None:
 
 
 def test_finish_of_a_task_that_is_not_running_is_an_error() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, single("x", TaskKind.EXEC, 1))
     with pytest.raises(SchedulerError):
         finish(state, "x")
@@ -229,7 +229,7 @@ def test_finish_of_a_task_that_is_not_running_is_an_error() -> None:
 
 
 def test_online_job_may_depend_on_earlier_finished_task() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     add_tasks(state, single("first", TaskKind.EXEC, 1))
     select(state)
     finish(state, "first")
@@ -239,7 +239,7 @@ def test_online_job_may_depend_on_earlier_finished_task() -> None:
 
 
 def test_forgetting_ended_groups_keeps_a_long_running_state_small() -> None:
-    state = new_state(2, 200, make_policy("masa"))
+    state = new_state(2, 200, make_policy("masa-noplan"))
     peak_tasks = 0
     for job in range(50):
         add_tasks(state, merge([chain_network(job, 0, [40, 30]), chain_network(job, 1, [20])]))
@@ -257,7 +257,7 @@ def test_forgetting_ended_groups_keeps_a_long_running_state_small() -> None:
 
 
 def test_forget_group_refuses_live_groups_and_groups_others_wait_for() -> None:
-    state = new_state(1, 1000, make_policy("masa"))
+    state = new_state(1, 1000, make_policy("masa-noplan"))
     edge = TaskGraph(tasks=(), precedence=(("j0/n0/s0/exec", "j0/n1/s0/load"),))
     add_tasks(state, merge([chain_network(0, 0, [10]), chain_network(0, 1, [10]), edge]))
     assert not forget_group(state, "j0/n0")  # not ended

@@ -44,7 +44,7 @@ import functools
 import heapq
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -91,46 +91,57 @@ class RankedPolicy(MasaPolicy):
         heapq.heappush(self._ready, (self.rank.get(task_id, _UNRANKED), task_id,
                                      info.ready_epoch))
 
-    def _ready_entries(self, state: SchedulerState) -> list[_Entry]:
-        """The still-ready entries in rank order (stale ones dropped)."""
-        tasks = state.tasks
-        entries = sorted(
-            entry for entry in self._ready
-            if (info := tasks.get(entry[1])) is not None and info.state is TaskState.READY
-            and info.ready_epoch == entry[2])
-        self._ready = entries  # a sorted list is a valid heap
-        return entries
-
     def pick(self, state: SchedulerState) -> str | None:
-        entries = self._ready_entries(state)
-        free_bytes = state.ledger.free_bytes()
-        tasks = state.tasks
-        loads_blocked = False
-        for position, (_, task_id, _) in enumerate(entries):
-            info = tasks[task_id]
-            if info.task.kind is TaskKind.LOAD:
-                if loads_blocked:
-                    continue
-                fits = self._load_fits(state, task_id, info.footprint_bytes, free_bytes, 0)
-                loads_blocked = self.strict_loads and not fits
-            else:
-                fits = info.footprint_bytes <= free_bytes
-            if fits:
-                del entries[position]  # still sorted, so still a heap
-                return task_id
-        if state.running_count == 0 and entries:
-            return entries.pop(0)[1]  # progress rule: the lowest rank runs anyway
-        return None
+        self._ready = _ready_in_rank(state, self._ready)  # a sorted list is a valid heap
+        return _pick_in_rank(self, state, self._ready, self.strict_loads)
 
 
-def residual_graph(state: SchedulerState) -> TaskGraph:
-    """The arrived tasks that have not started, as a graph released at 0.
+def _ready_in_rank(state: SchedulerState, entries: Iterable[_Entry]) -> list[_Entry]:
+    """The entries (rank, task id, ready epoch) still ready, in rank order."""
+    tasks = state.tasks
+    return sorted(
+        entry for entry in entries
+        if (info := tasks.get(entry[1])) is not None and info.state is TaskState.READY
+        and info.ready_epoch == entry[2])
+
+
+def _pick_in_rank(policy: MasaPolicy, state: SchedulerState, entries: list[_Entry],
+                  strict_loads: bool) -> str | None:
+    """RankedPolicy's rule on `entries` (ready, in rank order): the first that fits
+    under `policy`'s memory rules, removed from `entries`; else the progress rule."""
+    free_bytes = state.ledger.free_bytes()
+    tasks = state.tasks
+    loads_blocked = False
+    for position, (_, task_id, _) in enumerate(entries):
+        info = tasks[task_id]
+        if info.task.kind is TaskKind.LOAD:
+            if loads_blocked:
+                continue
+            fits = policy._load_fits(state, task_id, info.footprint_bytes, free_bytes, 0)
+            loads_blocked = strict_loads and not fits
+        else:
+            fits = info.footprint_bytes <= free_bytes
+        if fits:
+            del entries[position]  # still sorted, so still a heap
+            return task_id
+    if state.running_count == 0 and entries:
+        return entries.pop(0)[1]  # progress rule: the lowest rank runs anyway
+    return None
+
+
+def residual_graph(state: SchedulerState, groups: Iterable[str] | None = None) -> TaskGraph:
+    """The arrived tasks that have not started, as a graph released at 0 (only
+    those of `groups`, if given: cheaper than a scan of every task).
 
     Edges and locks from tasks that already started are dropped (their
     effect is in the ledger now); a lock whose holders all left keeps only
     its opening task, so it is held while that task runs.
     """
-    residual = {tid: info for tid, info in state.tasks.items()
+    candidates: Iterable[tuple[str, TaskInfo]] = state.tasks.items()
+    if groups is not None:
+        candidates = ((tid, state.tasks[tid]) for group in groups if group in state.groups
+                      for tid in state.groups[group].task_ids if tid in state.tasks)
+    residual = {tid: info for tid, info in candidates
                 if info.arrived and info.state in (TaskState.PENDING, TaskState.READY)}
     tasks: list[Task] = []
     precedence: list[tuple[str, str]] = []
@@ -168,7 +179,8 @@ def _bottom_levels(graph: TaskGraph) -> dict[str, int]:
 
 
 def initial_orders(graph: TaskGraph) -> list[list[str]]:
-    """Rule-based starting orders: critical path, masa-like, network by network."""
+    """Rule-based starting orders: critical path, masa-like, network by network (in
+    arrival order, lightest, heaviest or longest network first)."""
     level = _bottom_levels(graph)
     tasks = list(graph.tasks)
     footprint = {task.task_id: task.memory_bytes for task in tasks}
@@ -178,12 +190,23 @@ def initial_orders(graph: TaskGraph) -> list[list[str]]:
     def is_load(task: Task) -> int:
         return int(task.kind is TaskKind.LOAD)
 
+    # Whole networks one after another, lightest, heaviest or longest first: on
+    # memory-tight batches these are often the best start (docs/bench-solver.md).
+    network_bytes: dict[str, int] = {}
+    network_us: dict[str, int] = {}
+    for task in tasks:
+        network_bytes[task.group] = network_bytes.get(task.group, 0) + footprint[task.task_id]
+        network_us[task.group] = network_us.get(task.group, 0) + task.duration_us
+
     keys = (
         lambda t: (-level[t.task_id], t.order, t.task_id),
         lambda t: (is_load(t), -level[t.task_id], t.order, t.task_id),
         lambda t: (is_load(t), footprint[t.task_id], t.order, t.task_id),  # masa's rule
         lambda t: (t.order, is_load(t), t.task_id),  # network by network
         lambda t: (is_load(t), -footprint[t.task_id], t.order, t.task_id),
+        lambda t: (network_bytes[t.group], t.order, is_load(t), t.task_id),
+        lambda t: (-network_bytes[t.group], t.order, is_load(t), t.task_id),
+        lambda t: (-network_us[t.group], t.order, is_load(t), t.task_id),
     )
     return [[task.task_id for task in sorted(tasks, key=key)] for key in keys]
 
@@ -399,3 +422,149 @@ def _search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
             rng: np.random.Generator, should_stop: Callable[[], bool] | None) -> Plan:
     return plan_rank(graph, workers=workers, memory_bytes=memory_bytes,
                      iterations=iterations, rng=rng, should_stop=should_stop)
+
+
+# `masa` (BatchPlanningPolicy) plans a batch of at most BATCH_MAX_TASKS arrived,
+# unstarted tasks that arrives at an idle executor, with the rule-based orders in
+# both decoder modes and BATCH_ITERATIONS annealing steps: about 40 decodes, a few
+# milliseconds for 48 tasks (docs/scheduling.md has the figures). On the solver
+# benchmark's tight instances 0 steps gave a median of 1.074 of the optimum and a
+# worst of 1.250; 20 steps 1.074 and 1.227; 40 steps 1.074 and 1.239.
+BATCH_MAX_TASKS = 64
+BATCH_ITERATIONS = 20
+
+
+class BatchPlanningPolicy(MasaPolicy):
+    """`masa`, the default: masa's greedy rules, except that a batch of networks
+    that arrives at an idle executor runs in a planned order.
+
+    When tasks no plan knows become ready and the executor is empty (nothing
+    runs and no memory is held), the arrived, unstarted tasks of the jobs with
+    ready work are the batch. If it has at
+    most `max_tasks` tasks in at least two networks, a light plan is searched
+    (`plan_rank` with `iterations` steps: the rule-based orders in both decoder
+    modes, then a little annealing) and greedy masa's own run of the batch is
+    decoded too; the plan is followed only if its makespan is shorter. Made
+    with nothing running, the plan is exact: a simulated batch runs as
+    decoded, so `masa` is never slower than greedy masa on a batch alone.
+    Tasks the plan does not know (the next arrival) drop it, and greedy masa
+    decides until the executor is empty again: a plan made while tasks run
+    would not know their remaining time, one made while a loaded stage's
+    weights are held counts them as held for good (such plans lost to greedy
+    masa on the solver's instances), and under load the job order decides
+    (MasaPolicy). No plan with a read-ahead window (the decoder has none).
+    Where the search runs is the `planner`'s choice, as for masa-plan;
+    until the plan is ready the greedy rule decides.
+    """
+
+    name = "masa"
+
+    def __init__(self, planner: Planner | None = None, max_tasks: int = BATCH_MAX_TASKS,
+                 iterations: int = BATCH_ITERATIONS, seed: int = 0,
+                 **masa_options: object) -> None:
+        super().__init__(**masa_options)  # type: ignore[arg-type]
+        self._masa_options = masa_options
+        self.planner: Planner = planner if planner is not None else InlinePlanner()
+        self.max_tasks = max_tasks
+        self.iterations = iterations
+        self._rng = np.random.default_rng(seed)
+        self._rank: dict[str, int] = {}  # the plan being followed ({}: none)
+        self._strict_loads = False
+        self._ranked: list[_Entry] = []  # its ready tasks: (rank, task id, ready epoch)
+        self._unplanned = False  # a task no plan knows became ready
+        self._pending: PlanFuture | None = None
+        self._pending_ids: frozenset[str] = frozenset()
+        self._groups_by_job: dict[int, set[str]] = {}
+        self._jobs_with_work: set[int] = set()  # jobs that had a task become ready
+        self.plans = 0  # batches planned
+        self.plans_followed = 0  # plans better than greedy masa's decode
+
+    def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
+        super().on_added(state, info)
+        self._groups_by_job.setdefault(info.task.job_id, set()).add(info.task.group)
+
+    def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
+        super().on_ready(state, info)
+        task_id = info.task.task_id
+        self._jobs_with_work.add(info.task.job_id)
+        rank = self._rank.get(task_id)
+        if rank is not None:
+            heapq.heappush(self._ranked, (rank, task_id, info.ready_epoch))
+        elif task_id not in self._pending_ids:
+            self._unplanned = True
+
+    def close(self) -> None:
+        """Stop the planner's background search, if it has one (the run is over)."""
+        close = getattr(self.planner, "close", None)
+        if close is not None:
+            close()
+
+    def pick(self, state: SchedulerState) -> str | None:
+        if self._unplanned:
+            self._unplanned = False
+            self._rank, self._ranked = {}, []
+            self._pending, self._pending_ids = None, frozenset()  # a search left is ignored
+            # Only an empty executor (nothing running, nothing held) makes the plan
+            # exact: a plan made later counts held memory as held throughout and
+            # does not know the running tasks' remaining time, and on the solver
+            # benchmark such plans lost to greedy masa.
+            if (state.running_count == 0 and state.ledger.reserved_bytes == 0
+                    and self.read_ahead_bytes is None):
+                self._start_plan(state)
+        if self._pending is not None:
+            if not self._pending.done():
+                return super().pick(state)
+            plan = self._pending.result()
+            self._pending, self._pending_ids = None, frozenset()
+            if plan is not None:
+                self._follow(state, plan)
+        if self._rank:
+            self._ranked = _ready_in_rank(state, self._ranked)
+            return _pick_in_rank(self, state, self._ranked, self._strict_loads)
+        return super().pick(state)
+
+    def _batch_groups(self, state: SchedulerState) -> list[str]:
+        """The networks of the jobs with work that have arrived, unstarted tasks."""
+        groups: list[str] = []
+        for job in list(self._jobs_with_work):
+            open_groups = [group for group in self._groups_by_job.get(job, ())
+                           if (info := state.groups.get(group)) is not None
+                           and info.open_count > 0]
+            if not open_groups:  # the job is over: forget it
+                self._jobs_with_work.discard(job)
+                self._groups_by_job.pop(job, None)
+            groups += [group for group in open_groups
+                       if state.groups[group].arrived_count > state.groups[group].started_count]
+        return groups
+
+    def _start_plan(self, state: SchedulerState) -> None:
+        groups = self._batch_groups(state)
+        waiting = sum(state.groups[group].arrived_count - state.groups[group].started_count
+                      for group in groups)
+        if len(groups) < 2 or waiting > self.max_tasks:
+            return
+        graph = residual_graph(state, groups)
+        self.plans += 1
+        self._pending_ids = frozenset(graph.by_id)
+        self._pending = self.planner.submit(functools.partial(
+            _batch_search, graph, state.workers, max(0, state.ledger.free_bytes()),
+            self.iterations, self._rng, self._masa_options))
+
+    def _follow(self, state: SchedulerState, plan: Plan) -> None:
+        self.plans_followed += 1
+        self._rank, self._strict_loads = plan.rank, plan.strict_loads
+        tasks = state.tasks
+        self._ranked = [(rank, task_id, tasks[task_id].ready_epoch)
+                        for task_id, rank in plan.rank.items() if task_id in tasks]
+
+
+def _batch_search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
+                  rng: np.random.Generator, masa_options: Mapping[str, object],
+                  should_stop: Callable[[], bool] | None) -> Plan | None:
+    """A light plan of the batch, or None if greedy masa runs it as fast."""
+    greedy = simulate_graph(graph, policy=MasaPolicy(**masa_options),  # type: ignore[arg-type]
+                            workers=workers, memory_budget_bytes=memory_bytes)
+    greedy_cost = greedy.makespan_us + _OVER_BUDGET_PENALTY * len(greedy.over_commits)
+    plan = plan_rank(graph, workers=workers, memory_bytes=memory_bytes, iterations=iterations,
+                     rng=rng, should_stop=should_stop)
+    return plan if plan.cost < greedy_cost else None
