@@ -232,16 +232,19 @@ def test_masa_plans_a_batch_that_arrives_at_an_empty_executor() -> None:
 
 def test_masa_plans_only_when_the_executor_is_empty() -> None:
     """Job 1 arrives while job 0 runs: the plan is dropped and greedy masa decides.
-    Job 2 arrives after everything ended: planned again. Single networks: no plan."""
+    Job 2 (job 0's networks) arrives after everything ended: job 0's plan again,
+    not searched again. Job 4, of other networks: searched. A single network: no plan."""
     def job(job_id: int, release_us: int) -> TaskGraph:
         return merge([chain_network(job_id, 0, [30, 20], release_us=release_us),
                       chain_network(job_id, 1, [40, 10], release_us=release_us)])
 
+    other = merge([chain_network(4, 0, [10, 50], release_us=300_000),
+                   chain_network(4, 1, [40, 10], release_us=300_000)])
     graph = merge([job(0, 0), job(1, 20), job(2, 100_000),
-                   chain_network(3, 0, [30, 20], release_us=200_000)])
+                   chain_network(3, 0, [30, 20], release_us=200_000), other])
     policy = BatchPlanningPolicy()
     result = simulate_graph(graph, policy=policy, workers=2, memory_budget_bytes=120)
-    assert policy.plans == 2
+    assert (policy.plans, policy.plans_reused) == (2, 1)
     assert set(result.group_status.values()) == {"done"}
     assert result.over_commits == ()
     assert check_schedule(graph, list(result.schedule), workers=2,

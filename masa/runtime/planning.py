@@ -44,7 +44,8 @@ import functools
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -432,6 +433,11 @@ def _search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
 # worst of 1.250; 20 steps 1.074 and 1.227; 40 steps 1.074 and 1.239.
 BATCH_MAX_TASKS = 64
 BATCH_ITERATIONS = 20
+# Plans kept by batch shape: a stream of jobs of the same networks, each finding the
+# executor empty, poses the same problem again and again (the device grid's small
+# scenario: 750 jobs of three networks a minute). Searching each one again cost the
+# real run a core: mean response 21.2 s against 1.8 s (docs/scheduling.md).
+PLAN_CACHE_SIZE = 64
 
 
 class BatchPlanningPolicy(MasaPolicy):
@@ -472,16 +478,35 @@ class BatchPlanningPolicy(MasaPolicy):
         self._strict_loads = False
         self._ranked: list[_Entry] = []  # its ready tasks: (rank, task id, ready epoch)
         self._unplanned = False  # a task no plan knows became ready
-        self._pending: PlanFuture | None = None
+        # The batch waiting for its plan: (shape, its task ids in the shape's order).
+        self._pending: tuple[Hashable, list[str]] | None = None
         self._pending_ids: frozenset[str] = frozenset()
+        # Plans by batch shape (None: greedy masa is as fast), least recently used
+        # first, and the one search under way (at most one: a bounded cost).
+        self._plans_by_shape: OrderedDict[Hashable, _ShapePlan | None] = OrderedDict()
+        self._search: tuple[Hashable, list[str], PlanFuture] | None = None
+        # Per job not yet over: its networks and its tasks not yet ended (so a
+        # daemon that is never idle forgets its jobs all the same).
         self._groups_by_job: dict[int, set[str]] = {}
-        self._jobs_with_work: set[int] = set()  # jobs that had a task become ready
-        self.plans = 0  # batches planned
-        self.plans_followed = 0  # plans better than greedy masa's decode
+        self._open_by_job: dict[int, int] = {}
+        self._jobs_with_work: set[int] = set()  # of those, jobs that had a task ready
+        self.plans = 0  # searches started
+        self.plans_reused = 0  # batches of a shape planned before
+        self.plans_followed = 0  # plans better than greedy masa's decode, followed
 
     def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
         super().on_added(state, info)
-        self._groups_by_job.setdefault(info.task.job_id, set()).add(info.task.group)
+        job = info.task.job_id
+        self._groups_by_job.setdefault(job, set()).add(info.task.group)
+        self._open_by_job[job] = self._open_by_job.get(job, 0) + 1
+
+    def on_ended(self, state: SchedulerState, info: TaskInfo) -> None:
+        super().on_ended(state, info)
+        job = info.task.job_id
+        self._open_by_job[job] -= 1
+        if self._open_by_job[job] == 0:
+            del self._open_by_job[job], self._groups_by_job[job]
+            self._jobs_with_work.discard(job)
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
         super().on_ready(state, info)
@@ -512,12 +537,14 @@ class BatchPlanningPolicy(MasaPolicy):
                     and self.read_ahead_bytes is None):
                 self._start_plan(state)
         if self._pending is not None:
-            if not self._pending.done():
-                return super().pick(state)
-            plan = self._pending.result()
+            self._collect_search()
+            shape, task_ids = self._pending
+            if shape not in self._plans_by_shape:
+                return super().pick(state)  # still searching
             self._pending, self._pending_ids = None, frozenset()
+            plan = self._plans_by_shape[shape]
             if plan is not None:
-                self._follow(state, plan)
+                self._follow(state, plan, task_ids)
         if self._rank:
             self._ranked = _ready_in_rank(state, self._ranked)
             return _pick_in_rank(self, state, self._ranked, self._strict_loads)
@@ -525,17 +552,9 @@ class BatchPlanningPolicy(MasaPolicy):
 
     def _batch_groups(self, state: SchedulerState) -> list[str]:
         """The networks of the jobs with work that have arrived, unstarted tasks."""
-        groups: list[str] = []
-        for job in list(self._jobs_with_work):
-            open_groups = [group for group in self._groups_by_job.get(job, ())
-                           if (info := state.groups.get(group)) is not None
-                           and info.open_count > 0]
-            if not open_groups:  # the job is over: forget it
-                self._jobs_with_work.discard(job)
-                self._groups_by_job.pop(job, None)
-            groups += [group for group in open_groups
-                       if state.groups[group].arrived_count > state.groups[group].started_count]
-        return groups
+        return [group for job in self._jobs_with_work for group in self._groups_by_job[job]
+                if (info := state.groups.get(group)) is not None
+                and info.arrived_count > info.started_count]
 
     def _start_plan(self, state: SchedulerState) -> None:
         groups = self._batch_groups(state)
@@ -544,18 +563,69 @@ class BatchPlanningPolicy(MasaPolicy):
         if len(groups) < 2 or waiting > self.max_tasks:
             return
         graph = residual_graph(state, groups)
-        self.plans += 1
-        self._pending_ids = frozenset(graph.by_id)
-        self._pending = self.planner.submit(functools.partial(
-            _batch_search, graph, state.workers, max(0, state.ledger.free_bytes()),
-            self.iterations, self._rng, self._masa_options))
+        memory_bytes = max(0, state.ledger.free_bytes())
+        shape, task_ids = _batch_shape(graph, state.workers, memory_bytes)
+        self._collect_search()
+        if shape in self._plans_by_shape:
+            self._plans_by_shape.move_to_end(shape)
+            self.plans_reused += 1
+        elif self._search is None:
+            self.plans += 1
+            self._search = (shape, task_ids, self.planner.submit(functools.partial(
+                _batch_search, graph, state.workers, memory_bytes, self.iterations,
+                self._rng, self._masa_options)))
+            self._collect_search()  # an inline planner is done already
+        elif self._search[0] != shape:
+            return  # another shape's search is under way: greedy masa runs this one
+        self._pending, self._pending_ids = (shape, task_ids), frozenset(task_ids)
 
-    def _follow(self, state: SchedulerState, plan: Plan) -> None:
+    def _collect_search(self) -> None:
+        """Keep the plan of the search under way, if it has ended."""
+        if self._search is None or not self._search[2].done():
+            return
+        shape, task_ids, future = self._search
+        self._search = None
+        plan = future.result()
+        self._plans_by_shape[shape] = None if plan is None else _ShapePlan(
+            tuple(plan.rank[task_id] for task_id in task_ids), plan.strict_loads)
+        if len(self._plans_by_shape) > PLAN_CACHE_SIZE:
+            self._plans_by_shape.popitem(last=False)
+
+    def _follow(self, state: SchedulerState, plan: _ShapePlan, task_ids: list[str]) -> None:
         self.plans_followed += 1
-        self._rank, self._strict_loads = plan.rank, plan.strict_loads
+        self._rank = dict(zip(task_ids, plan.ranks, strict=True))
+        self._strict_loads = plan.strict_loads
         tasks = state.tasks
         self._ranked = [(rank, task_id, tasks[task_id].ready_epoch)
-                        for task_id, rank in plan.rank.items() if task_id in tasks]
+                        for task_id, rank in self._rank.items() if task_id in tasks]
+
+
+@dataclass(frozen=True)
+class _ShapePlan:
+    """A batch plan by position in its shape's task order (`_batch_shape`)."""
+
+    ranks: tuple[int, ...]
+    strict_loads: bool
+
+
+def _batch_shape(graph: TaskGraph, workers: int, memory_bytes: int
+                 ) -> tuple[Hashable, list[str]]:
+    """What a batch's plan depends on, without its task, network and job names (two
+    jobs of the same networks have the same shape), and its task ids in that order."""
+    tasks = sorted(graph.tasks, key=lambda task: (task.order, task.kind.value, task.task_id))
+    index = {task.task_id: position for position, task in enumerate(tasks)}
+    groups: dict[str, int] = {}
+    jobs: dict[int, int] = {}
+    task_keys = tuple(
+        (groups.setdefault(task.group, len(groups)), jobs.setdefault(task.job_id, len(jobs)),
+         task.network, task.stage_id, task.kind.value, task.duration_us, task.memory_bytes,
+         task.layer_type) for task in tasks)
+    shape = (workers, memory_bytes, task_keys,
+             tuple(sorted((index[a], index[b]) for a, b in graph.precedence)),
+             tuple(sorted((index[a], index[b]) for a, b in graph.start_after)),
+             tuple(sorted((index[lock.from_task], tuple(sorted(index[t] for t in lock.until_tasks)),
+                           lock.memory_bytes) for lock in graph.locks)))
+    return shape, [task.task_id for task in tasks]
 
 
 def _batch_search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
