@@ -863,7 +863,10 @@ def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The latest record; with several finished repeats, its real mean and p99 are their
     averages and `runs_mean_ms` lists each repeat's mean (the rest is the latest run's)."""
     latest = records[-1]
+    # Repeats of one experiment: the same policy rule too (`masa` before its batch plan
+    # is `masa-noplan`, simulated_policy).
     repeated = [r for r in records if r["started"] >= REPEATS_SINCE
+                and simulated_policy(r) == simulated_policy(latest)
                 and r["real"]["status"] == "finished" and r["real"]["mean_ms"] is not None]
     if len(repeated) < 2 or repeated[-1] is not latest:
         return latest
@@ -1250,6 +1253,20 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         f"{len(cells) * len(POLICIES)} policy runs; {len(results)} records with the "
         "repeats). Cells marked *not run yet* or "
         "*missing* are not measured: run the benchmark again to add them.",
+        "",
+        "**Which Masa.** Every `masa` run on this page was made before `masa` planned a "
+        "batch of networks that finds the executor empty (docs/scheduling.md, \"Batch "
+        "plan\"): its rule is today's `masa-noplan`, and `--resimulate` simulates those "
+        "records with `masa-noplan` (runs recorded since carry `simulated_policy`). "
+        "They were not run again: on 2026-11-26 this machine's CPU was about 34% slower "
+        "than when the zoo was profiled (tinyyolo's stages, `masa profile --dry-run`: "
+        "62.5 ms against 46.5 ms), so the CPU-bound cells ran far above their offered "
+        "load for every policy (small at 512 MiB / 0.7: `masa-noplan` 13.7 s, `masa` "
+        "14.3 s, against 1.6 s here) and nothing measured then compares with this page. "
+        "In the simulation of this grid's jobs (docs/bench-compare.md) the batch plan "
+        "changes small and mixed; measured for real on the warm copied-weights store "
+        "(mixed at 1 GiB, one job every 4 s, two runs each): `masa` 1.30 and 1.35 s, "
+        "`masa-noplan` 1.87 and 1.53 s.",
         "",
         "## Set-up",
         "",

@@ -1,4 +1,4 @@
-"""The issue-14 grid: Masa vs today's greedy Masa vs Bulk vs DeepEye, in simulation.
+"""The issue-14 grid: Masa vs its earlier forms vs Bulk vs DeepEye, in simulation.
 
 Owns the acceptance grid of issue 14: scenarios small, mixed, lifelogging,
 stochastic1, stochastic2 x budgets 512 MiB, 1 GiB, 2 GiB x offered load 0.3,
@@ -7,9 +7,10 @@ arrivals and offered load come from benchmarks/bench_compare.py's
 `scenario_jobs`, so rho means the same as there). For each cell it reports
 the mean, p90 and p99 job response of every policy, Masa's progress-rule
 over-commits and every policy's peak reserved memory, and says where Masa
-(the default policy, job order included) wins and loses against the best
-baseline and against `masa-greedy` (MasaPolicy(job_order=False): the masa of
-before issue 14). It writes its tables and a PNG into docs/bench-compare.md,
+(the default policy, job order and batch plan included) wins and loses against
+the best baseline and against `masa-greedy` (MasaPolicy(job_order=False): the masa
+of before issue 14); `masa-noplan` (masa without its batch plan) can be added as a
+column (`--policies`). It writes its tables and a PNG into docs/bench-compare.md,
 between the grid markers (the rest of that page is left as it is).
 
 Run (one process; about 1-3 s per simulated run on a shared core):
@@ -245,8 +246,10 @@ def section(saved: dict[str, Any], png_name: str, analysis: str = "") -> str:
              "Each cell simulates the same jobs (offered load rho as in the tables below: "
              "arrival rate x expected profiled job work / 2 workers) under every policy on "
              "the store's profiled costs. `masa` is the default policy after issue 14 (the job "
-             "order engages once more jobs than workers have work); `masa-greedy` is masa "
-             "before it (`MasaPolicy(job_order=False)`). Columns: mean response per policy "
+             "order engages once more jobs than workers have work; a job of several "
+             "networks that finds the executor empty runs in a planned order); "
+             "`masa-noplan` is masa without that batch plan; `masa-greedy` is masa "
+             "before both (`MasaPolicy(job_order=False)`). Columns: mean response per policy "
              "(ms); p90 / p99 of Masa and of the best baseline (the faster of Bulk and "
              "DeepEye); Masa vs that baseline (`(over budget)`: a baseline's reserved peak "
              "exceeded the budget, which this emulation does not penalise); Masa vs greedy "

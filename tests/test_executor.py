@@ -80,6 +80,30 @@ def test_masa_plan_searches_off_the_loop_in_a_real_run(manifests, feeds):
     assert isinstance(make_policy("masa-plan").planner, InlinePlanner)
 
 
+def test_masa_plans_its_batch_off_the_loop_in_a_real_run(store):
+    """The default policy in a real run: one job of two networks finds the executor
+    empty, its plan is searched on the planner's thread, counted in the result's
+    policy_stats, and the planner stops with the run."""
+    from masa.runtime.planning import BatchPlanningPolicy, ThreadPlanner
+
+    # AgeNet and GenderNet: 24 tasks (GoogLeNet alone has 116, more than a batch plans).
+    names = ("agenet", "gendernet")
+    manifests = {name: load_store_network(store, name) for name in names}
+    feeds = {name: random_feeds(manifest.inputs, np.random.default_rng(0))
+             for name, manifest in manifests.items()}
+    graph = build_workload_graph([JobSpec(0, 0, names)], manifests, list(names))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB))
+    policy = executor.state.policy
+    assert isinstance(policy, BatchPlanningPolicy) and isinstance(policy.planner, ThreadPlanner)
+    result = executor.run()
+    assert set(result.group_status.values()) == {"done"}
+    assert result.policy_stats["batch_plans_searched"] == 1
+    assert result.policy_stats == policy.stats()
+    assert policy.planner.closed
+    _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)
+
+
 def _assert_clean(graph, result, workers: int, budget_bytes: int | None) -> None:
     """Everything released; the schedule valid (memory unchecked when budget_bytes is None)."""
     assert result.final_reserved_bytes == 0

@@ -465,6 +465,7 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
               "memory_source": settings.memory_source,
               "read_ahead_bytes": settings.read_ahead_bytes,
               "keep_cached_bytes": settings.keep_cached_bytes, "errors": outcome.errors,
+              "policy_stats": getattr(outcome, "policy_stats", {}),
               "error_tracebacks": outcome.error_details,
               "process_memory_after_bytes": outcome.process_memory_after,
               # network -> sha256 of the manifest the run pinned (model_prep.store_lock)

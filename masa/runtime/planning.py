@@ -405,6 +405,10 @@ class PlanningPolicy(RankedPolicy):
         if close is not None:
             close()
 
+    def stats(self) -> dict[str, int]:
+        """For the report: plans made, decisions taken greedily while one was computed."""
+        return {"plans": self.plans, "greedy_picks": self.greedy_picks}
+
     def pick(self, state: SchedulerState) -> str | None:
         if self._pending is None and self._stale:
             self._start_plan(state)
@@ -524,6 +528,11 @@ class BatchPlanningPolicy(MasaPolicy):
         close = getattr(self.planner, "close", None)
         if close is not None:
             close()
+
+    def stats(self) -> dict[str, int]:
+        """For the report: batch plans searched, reused by shape, followed."""
+        return {"batch_plans_searched": self.plans, "batch_plans_reused": self.plans_reused,
+                "batch_plans_followed": self.plans_followed}
 
     def pick(self, state: SchedulerState) -> str | None:
         if self._unplanned:

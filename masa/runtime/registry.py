@@ -52,6 +52,13 @@ def make_policy(name: str, real_time: bool = False,
     return factory()
 
 
+def policy_stats(policy: Policy) -> dict[str, int]:
+    """What a policy counted in a run (masa's batch plans, masa-plan's plans), for the
+    report's meta; {} for a policy that counts nothing."""
+    stats = getattr(policy, "stats", None)
+    return dict(stats()) if stats is not None else {}
+
+
 def close_policy(policy: Policy) -> None:
     """Stop what a policy runs besides the loop (masa-plan's background search)."""
     close = getattr(policy, "close", None)

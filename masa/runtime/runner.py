@@ -25,7 +25,7 @@ import numpy as np
 from masa.common.errors import RunFailed, UserError, one_line
 from masa.common.units import format_bytes
 from masa.runtime.driver import Observer
-from masa.runtime.registry import POLICY_NAMES, make_policy
+from masa.runtime.registry import POLICY_NAMES, make_policy, policy_stats
 from masa.runtime.threads import (
     DEFAULT_MEMORY_SOURCE,
     MEMORY_SOURCES,
@@ -131,6 +131,7 @@ class RunOutcome:
     process_memory_after: dict[str, int] = field(default_factory=dict)  # real runs: by kind
     # Real runs: peak measured, anonymous / file-backed, cgroup (RealRunResult.measured_memory)
     measured_memory: dict[str, Any] | None = None
+    policy_stats: dict[str, int] = field(default_factory=dict)  # masa.runtime.registry
     network_versions: dict[str, str] = field(default_factory=dict)  # name -> manifest sha256
     # The signal that stopped a real run (SIGINT, SIGTERM): the outcome is partial and
     # the networks it did not finish have the status "interrupted".
@@ -318,10 +319,8 @@ def simulate_run(prepared: PreparedRun, settings: RunSettings, *,
 def _simulate(prepared: PreparedRun, settings: RunSettings,
               controller: ContextController | None,
               device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
-    result = simulate_graph(prepared.graph,
-                            policy=make_policy(settings.policy,
-                                               read_ahead_bytes=settings.read_ahead_bytes),
-                            workers=settings.workers,
+    policy = make_policy(settings.policy, read_ahead_bytes=settings.read_ahead_bytes)
+    result = simulate_graph(prepared.graph, policy=policy, workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
                             driver_options={"context": controller}, device=device)
     status = {
@@ -335,7 +334,7 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
         peak_reserved_bytes=result.peak_reserved_bytes,
         final_reserved_bytes=result.final_reserved_bytes,
         memory_timeline=[(t, reserved, None) for t, reserved in result.memory_timeline],
-        dispatch_order=list(result.dispatch_order),
+        dispatch_order=list(result.dispatch_order), policy_stats=policy_stats(policy),
     ), result
 
 
@@ -387,6 +386,7 @@ def _real_outcome(prepared: PreparedRun, settings: RunSettings,
         error_details=result.error_details,
         outputs=result.outputs, process_memory_after=result.process_memory_after,
         measured_memory=result.measured_memory(), interrupted=result.interrupted,
+        policy_stats=result.policy_stats,
     )
 
 

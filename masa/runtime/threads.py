@@ -71,7 +71,7 @@ from masa.common.procmem import (
 )
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
 from masa.runtime.pagecache import KeptFiles
-from masa.runtime.registry import close_policy, make_policy
+from masa.runtime.registry import close_policy, make_policy, policy_stats
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import (
     GroupStatus,
@@ -158,6 +158,7 @@ class RealRunResult:
     # (time_us, anonymous_bytes, file_backed_bytes) at every sample, absolute
     resident_timeline: list[tuple[int, int, int]] = field(default_factory=list)
     cgroup_memory: CgroupRunMemory | None = None  # None outside a memory cgroup
+    policy_stats: dict[str, int] = field(default_factory=dict)  # registry.policy_stats
     # The signal that stopped the run (SIGINT, SIGTERM), None when it ran to its end.
     # The networks it did not finish then have the status "interrupted".
     interrupted: str | None = None
@@ -797,6 +798,7 @@ class RealExecutor:
             peak_reserved_bytes=self.state.ledger.peak_reserved_bytes,
             final_reserved_bytes=self.state.ledger.reserved_bytes,
             memory_timeline=self.recorder.memory_timeline,
+            policy_stats=policy_stats(self.state.policy),
             live_sessions_after=len(backend.stages.sessions),
             live_tensors_after=len(backend.stages.tensors),
             dispatch_order=self.recorder.dispatch_order,
