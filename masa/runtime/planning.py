@@ -430,24 +430,25 @@ def _search(graph: TaskGraph, workers: int, memory_bytes: int, iterations: int,
 
 
 # `masa` (BatchPlanningPolicy) plans a batch of at most BATCH_MAX_TASKS arrived,
-# unstarted tasks that arrives at an idle executor, with the rule-based orders in
-# both decoder modes and BATCH_ITERATIONS annealing steps: about 40 decodes, a few
-# milliseconds for 48 tasks (docs/scheduling.md has the figures). On the solver
+# unstarted tasks that finds the executor empty, with the rule-based orders in
+# both decoder modes and BATCH_ITERATIONS annealing steps: about 40 decodes, about
+# 30 ms per 16-48-task instance here (docs/scheduling.md has the figures). On the solver
 # benchmark's tight instances 0 steps gave a median of 1.074 of the optimum and a
 # worst of 1.250; 20 steps 1.074 and 1.227; 40 steps 1.074 and 1.239.
 BATCH_MAX_TASKS = 64
 BATCH_ITERATIONS = 20
 # Plans kept by batch shape: a stream of jobs of the same networks, each finding the
-# executor empty, poses the same problem again and again (the device grid's small
-# scenario: 750 jobs of three networks a minute). Searching each one again cost the
-# real run a core: mean response 21.2 s against 1.8 s (docs/scheduling.md).
+# executor empty, poses the same problem again and again. Searching each one again
+# cost a real run (small, warm store, one job every 200 ms, 33-36 searches for 100
+# jobs) a mean response of 157-175 ms against 142-144 ms greedily; with the plans
+# computed and never followed it was 157-168 ms: the searches' CPU, not the plans.
 PLAN_CACHE_SIZE = 64
 MEMORY_TOLERANCE = 0.02  # free memory within this fraction: the same shape
 
 
 class BatchPlanningPolicy(MasaPolicy):
     """`masa`, the default: masa's greedy rules, except that a batch of networks
-    that arrives at an idle executor runs in a planned order.
+    that finds the executor empty runs in a planned order.
 
     When tasks no plan knows become ready and the executor is empty (nothing
     runs and no memory is held), the arrived, unstarted tasks of the jobs with
@@ -465,7 +466,9 @@ class BatchPlanningPolicy(MasaPolicy):
     masa on the solver's instances), and under load the job order decides
     (MasaPolicy). No plan with a read-ahead window (the decoder has none).
     Where the search runs is the `planner`'s choice, as for masa-plan;
-    until the plan is ready the greedy rule decides.
+    until the plan is ready the greedy rule decides. Plans are kept by the
+    batch's shape (`_batch_shape`: its networks, costs and free memory to 2%),
+    so a stream of like jobs is searched once; one search at a time.
     """
 
     name = "masa"
