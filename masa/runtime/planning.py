@@ -351,6 +351,12 @@ class ThreadPlanner:
         self.closed = True
 
 
+def _close_planner(planner: Planner) -> None:
+    close = getattr(planner, "close", None)
+    if close is not None:
+        close()
+
+
 class PlanningPolicy(RankedPolicy):
     """`masa-plan`: replan the rank whenever new tasks arrive, dispatch by it.
 
@@ -401,9 +407,7 @@ class PlanningPolicy(RankedPolicy):
 
     def close(self) -> None:
         """Stop the planner's background search, if it has one (the run is over)."""
-        close = getattr(self.planner, "close", None)
-        if close is not None:
-            close()
+        _close_planner(self.planner)
 
     def stats(self) -> dict[str, int]:
         """For the report: plans made, decisions taken greedily while one was computed."""
@@ -528,9 +532,7 @@ class BatchPlanningPolicy(MasaPolicy):
 
     def close(self) -> None:
         """Stop the planner's background search, if it has one (the run is over)."""
-        close = getattr(self.planner, "close", None)
-        if close is not None:
-            close()
+        _close_planner(self.planner)
 
     def stats(self) -> dict[str, int]:
         """For the report: batch plans searched, reused by shape, followed."""
