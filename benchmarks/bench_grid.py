@@ -35,7 +35,7 @@ from bench_compare import figure_png, markdown_table, pyplot, scenario_jobs
 
 from masa.common.atomic import atomic_write_bytes, atomic_write_text
 from masa.common.units import parse_memory_bytes
-from masa.runtime.registry import make_policy
+from masa.runtime.registry import make_policy, weights_copied
 from masa.runtime.runner import prepare_run
 from masa.runtime.virtual import simulate_graph
 from masa.sched.core import Policy
@@ -47,12 +47,14 @@ SCENARIOS = ("small", "mixed", "lifelogging", "stochastic1", "stochastic2")
 BUDGETS = ("512MiB", "1GiB", "2GiB")
 RHOS = (0.3, 0.7, 0.9, 1.1)
 BASELINES = ("bulk", "deepeye")
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "masa": lambda: make_policy("masa"),
-    "masa-greedy": lambda: MasaPolicy(job_order=False),
-    "masa-noplan": lambda: make_policy("masa-noplan"),
-    "bulk": lambda: make_policy("bulk"),
-    "deepeye": lambda: make_policy("deepeye"),
+# Each takes whether the store's LOADs copy their weights (registry.weights_copied),
+# which turns masa's batch plan off as `masa run` does.
+POLICIES: dict[str, Callable[[bool], Policy]] = {
+    "masa": lambda copied: make_policy("masa", copied_weights=copied),
+    "masa-greedy": lambda copied: MasaPolicy(job_order=False),
+    "masa-noplan": lambda copied: make_policy("masa-noplan"),
+    "bulk": lambda copied: make_policy("bulk"),
+    "deepeye": lambda copied: make_policy("deepeye"),
 }
 START, END = "<!-- grid:start -->", "<!-- grid:end -->"
 MIB = 2**20
@@ -71,8 +73,8 @@ def job_responses_us(graph: TaskGraph, schedule: Sequence[Any],
 
 
 def run_cell(graph: TaskGraph, arrivals: dict[int, int], policy: str, budget_bytes: int,
-             workers: int) -> dict[str, Any]:
-    result = simulate_graph(graph, policy=POLICIES[policy](), workers=workers,
+             workers: int, copied_weights: bool = False) -> dict[str, Any]:
+    result = simulate_graph(graph, policy=POLICIES[policy](copied_weights), workers=workers,
                             memory_budget_bytes=budget_bytes)
     responses = job_responses_us(graph, result.schedule, arrivals)
     return {"mean_us": float(responses.mean()),
@@ -93,7 +95,8 @@ def run_grid(store: Path, label: str, args: argparse.Namespace) -> list[dict[str
             for budget in args.budgets:
                 started_s = time.perf_counter()
                 figures = {policy: run_cell(prepared.graph, arrivals, policy,
-                                            parse_memory_bytes(budget), args.workers)
+                                            parse_memory_bytes(budget), args.workers,
+                                            weights_copied(prepared.manifests))
                            for policy in args.policies}
                 cells.append({"store": label, "scenario": scenario, "budget": budget,
                               "rho": rho, "jobs": len(jobs), "workers": args.workers,

@@ -104,6 +104,27 @@ def test_masa_plans_its_batch_off_the_loop_in_a_real_run(store):
     _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)
 
 
+def test_masa_plans_no_batch_in_a_real_run_whose_stages_copy_their_weights(store):
+    """The same job with every stage prepacked (its weights copied into the session,
+    as a copy-mode store's are): the executor's masa searches no plan."""
+    from dataclasses import replace
+
+    names = ("agenet", "gendernet")
+    manifests = {name: load_store_network(store, name) for name in names}
+    manifests = {name: replace(m, stages=tuple(replace(s, prepack=True) for s in m.stages))
+                 for name, m in manifests.items()}
+    feeds = {name: random_feeds(manifest.inputs, np.random.default_rng(0))
+             for name, manifest in manifests.items()}
+    graph = build_workload_graph([JobSpec(0, 0, names)], manifests, list(names))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB))
+    result = executor.run()
+    assert set(result.group_status.values()) == {"done"}
+    assert result.policy_stats == {"batch_planning": 0, "batch_plans_searched": 0,
+                                   "batch_plans_reused": 0, "batch_plans_followed": 0}
+    _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)
+
+
 def _assert_clean(graph, result, workers: int, budget_bytes: int | None) -> None:
     """Everything released; the schedule valid (memory unchecked when budget_bytes is None)."""
     assert result.final_reserved_bytes == 0

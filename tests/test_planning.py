@@ -230,6 +230,21 @@ def test_masa_plans_a_batch_that_arrives_at_an_empty_executor() -> None:
                           memory_budget_bytes=instance.memory) == []
 
 
+def test_masa_plans_no_batch_for_a_store_that_copies_its_weights() -> None:
+    """The batch above, for a store whose LOADs copy their weights: no search, and the
+    run is greedy masa's, task for task."""
+    instance = random_instance(RandomSpec(networks=2, layers=2, seed=1000, workers=2,
+                                          tightness=1.2, load_ratio=4.0))
+    policy = make_policy("masa", copied_weights=True)
+    copied = simulate_graph(instance.graph, policy=policy, workers=2,
+                            memory_budget_bytes=instance.memory)
+    greedy = simulate_graph(instance.graph, policy=make_policy("masa-noplan"), workers=2,
+                            memory_budget_bytes=instance.memory)
+    assert policy.stats() == {"batch_planning": 0, "batch_plans_searched": 0,  # type: ignore[attr-defined]
+                              "batch_plans_reused": 0, "batch_plans_followed": 0}
+    assert copied.schedule == greedy.schedule
+
+
 def test_masa_plans_only_when_the_executor_is_empty() -> None:
     """Job 1 arrives while job 0 runs: the plan is dropped and greedy masa decides.
     Job 2 (job 0's networks) arrives after everything ended: job 0's plan again,

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from masa.cli.main import main as masa_main
 from masa.common.procmem import page_cache_bytes, process_memory_bytes
 from masa.runtime.emulation import evict_files
+from masa.runtime.registry import weights_copied
 from masa.runtime.threads import _Stages
 from masa.sched.taskgraph import Task, TaskKind
 from model_prep import session as session_module
@@ -123,6 +124,17 @@ def test_copy_mode_keeps_weights_inside_the_stage_files(tmp_path: Path, fc_sourc
         assert not Path(f"{manifest.stage_path(stage)}.data").exists()
         assert stage.mapped_bytes == 0 and stage.prepack is True
     assert verify_network(manifest, fc_source, np.random.default_rng(1)).ok
+
+
+def test_a_store_copies_its_weights_in_copy_mode_only(tmp_path: Path, fc_source: Path) -> None:
+    """What turns masa's batch plan off (registry.weights_copied): copy mode, or
+    mapped stages the profiler chose to prepack."""
+    mapped = split_model(fc_source, tmp_path / "mapped", "mapped", load_mode="mmap")
+    copied = split_model(fc_source, tmp_path / "copied", "copied", load_mode="copy")
+    assert weights_copied({"mapped": mapped}) is False
+    assert weights_copied({"copied": copied}) is True
+    prepacked = replace(mapped, stages=tuple(replace(s, prepack=True) for s in mapped.stages))
+    assert weights_copied({"mapped": prepacked}) is True
 
 
 def _anonymous_increase(load: object) -> tuple[int, int, object]:

@@ -468,7 +468,11 @@ class BatchPlanningPolicy(MasaPolicy):
     would not know their remaining time, one made while a loaded stage's
     weights are held counts them as held for good (such plans lost to greedy
     masa on the solver's instances), and under load the job order decides
-    (MasaPolicy). No plan with a read-ahead window (the decoder has none).
+    (MasaPolicy). No plan with a read-ahead window (the decoder has none), nor
+    with `plan_batches` False (stores whose LOADs copy their weights, set by
+    `make_policy`: the plan packs the budget with copied stages held for long,
+    which on a device leaves the page cache no room for the next job's files;
+    the decoder knows no page cache).
     Where the search runs is the `planner`'s choice, as for masa-plan;
     until the plan is ready the greedy rule decides. Plans are kept by the
     batch's shape (`_batch_shape`: its networks, costs and free memory to 2%),
@@ -479,8 +483,9 @@ class BatchPlanningPolicy(MasaPolicy):
 
     def __init__(self, planner: Planner | None = None, max_tasks: int = BATCH_MAX_TASKS,
                  iterations: int = BATCH_ITERATIONS, seed: int = 0,
-                 **masa_options: object) -> None:
+                 plan_batches: bool = True, **masa_options: object) -> None:
         super().__init__(**masa_options)  # type: ignore[arg-type]
+        self.plan_batches = plan_batches
         self._masa_options = masa_options
         self.planner: Planner = planner if planner is not None else InlinePlanner()
         self.max_tasks = max_tasks
@@ -536,7 +541,8 @@ class BatchPlanningPolicy(MasaPolicy):
 
     def stats(self) -> dict[str, int]:
         """For the report: batch plans searched, reused by shape, followed."""
-        return {"batch_plans_searched": self.plans, "batch_plans_reused": self.plans_reused,
+        return {"batch_planning": int(self.plan_batches),
+                "batch_plans_searched": self.plans, "batch_plans_reused": self.plans_reused,
                 "batch_plans_followed": self.plans_followed}
 
     def pick(self, state: SchedulerState) -> str | None:
@@ -549,7 +555,7 @@ class BatchPlanningPolicy(MasaPolicy):
             # does not know the running tasks' remaining time, and on the solver
             # benchmark such plans lost to greedy masa.
             if (state.running_count == 0 and state.ledger.reserved_bytes == 0
-                    and self.read_ahead_bytes is None):
+                    and self.plan_batches and self.read_ahead_bytes is None):
                 self._start_plan(state)
         if self._pending is not None:
             self._collect_search()

@@ -7,16 +7,19 @@ executor, the daemon): `masa` and `masa-plan` then search on a background thread
 with a time budget and dispatch by masa's greedy rule until their plan is ready,
 so the loop never waits for a search. The simulator and the solver benchmark plan
 inline, deterministically. Close such a policy with `close_policy`.
+`make_policy(name, copied_weights=True)` is for a store whose LOADs copy the
+weights out of the stage files (`weights_copied`): `masa` then plans no batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from masa.common.errors import UserError
 from masa.runtime.planning import BatchPlanningPolicy, PlanningPolicy, ThreadPlanner
 from masa.sched.core import Policy
 from masa.sched.policies import BulkPolicy, DeepEyePolicy, MasaPolicy
+from model_prep.manifest import NetworkManifest
 
 # "masa" is Algorithm 1 with the admission, headroom and job order rules
 # (docs/scheduling.md), plus a light plan for a batch arriving at an idle executor;
@@ -36,9 +39,11 @@ POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
 
 
 def make_policy(name: str, real_time: bool = False,
-                read_ahead_bytes: int | None = None) -> Policy:
+                read_ahead_bytes: int | None = None, copied_weights: bool = False) -> Policy:
     """A fresh policy by name; an unknown name is a UserError. `read_ahead_bytes`
-    bounds masa's read-ahead window (MasaPolicy); the other policies ignore it."""
+    bounds masa's read-ahead window (MasaPolicy); `copied_weights` (the store's LOADs
+    copy their weights, `weights_copied`) turns off masa's batch plan; the other
+    policies ignore both."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
@@ -46,10 +51,27 @@ def make_policy(name: str, real_time: bool = False,
         return PlanningPolicy(planner=ThreadPlanner())
     if factory is BatchPlanningPolicy:
         return BatchPlanningPolicy(planner=ThreadPlanner() if real_time else None,
+                                   plan_batches=not copied_weights,
                                    read_ahead_bytes=read_ahead_bytes)
     if factory is MasaPolicy and read_ahead_bytes is not None:
         return MasaPolicy(read_ahead_bytes=read_ahead_bytes)
     return factory()
+
+
+def weights_copied(manifests: Mapping[str, NetworkManifest]) -> bool:
+    """Whether most of the networks' weights are copied out of their stage files at
+    LOAD (load mode copy, or prepacked stages) rather than mapped. A copied stage's
+    weights are memory the page cache loses while the stage is held, so on a device
+    whose cap is the budget plus the runtime, what is loaded ahead decides which
+    stage files stay cached for the next job (docs/scheduling.md, "Batch plan")."""
+    copied_bytes = mapped_bytes = 0
+    for manifest in manifests.values():
+        for stage in manifest.stages:
+            if stage.prepack or not stage.mapped_bytes:
+                copied_bytes += stage.weight_bytes
+            else:
+                mapped_bytes += stage.mapped_bytes
+    return copied_bytes > mapped_bytes
 
 
 def policy_stats(policy: Policy) -> dict[str, int]:

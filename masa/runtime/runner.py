@@ -25,7 +25,7 @@ import numpy as np
 from masa.common.errors import RunFailed, UserError, one_line
 from masa.common.units import format_bytes
 from masa.runtime.driver import Observer
-from masa.runtime.registry import POLICY_NAMES, make_policy, policy_stats
+from masa.runtime.registry import POLICY_NAMES, make_policy, policy_stats, weights_copied
 from masa.runtime.threads import (
     DEFAULT_MEMORY_SOURCE,
     MEMORY_SOURCES,
@@ -319,7 +319,8 @@ def simulate_run(prepared: PreparedRun, settings: RunSettings, *,
 def _simulate(prepared: PreparedRun, settings: RunSettings,
               controller: ContextController | None,
               device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
-    policy = make_policy(settings.policy, read_ahead_bytes=settings.read_ahead_bytes)
+    policy = make_policy(settings.policy, read_ahead_bytes=settings.read_ahead_bytes,
+                         copied_weights=weights_copied(prepared.manifests))
     result = simulate_graph(prepared.graph, policy=policy, workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
                             driver_options={"context": controller}, device=device)

@@ -71,7 +71,7 @@ from masa.common.procmem import (
 )
 from masa.runtime.driver import Completion, Driver, Observer, Recorder
 from masa.runtime.pagecache import KeptFiles
-from masa.runtime.registry import close_policy, make_policy, policy_stats
+from masa.runtime.registry import close_policy, make_policy, policy_stats, weights_copied
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import (
     GroupStatus,
@@ -727,7 +727,8 @@ class RealExecutor:
         self.state: SchedulerState = new_state(
             config.workers, config.memory_budget_bytes,
             make_policy(config.policy, real_time=config.plan_in_background,
-                        read_ahead_bytes=config.read_ahead_bytes))
+                        read_ahead_bytes=config.read_ahead_bytes,
+                        copied_weights=weights_copied(manifests)))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,

@@ -54,7 +54,7 @@ from masa.common.errors import UserError, one_line
 from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
 from masa.common.units import format_bytes
 from masa.runtime.driver import Driver, Observer
-from masa.runtime.registry import close_policy, make_policy
+from masa.runtime.registry import close_policy, make_policy, weights_copied
 from masa.runtime.runner import with_transform_waits
 from masa.runtime.threads import RealRunConfig, ThreadBackend
 from masa.sched.context import ContextController, parse_group
@@ -230,7 +230,8 @@ class Service:
         self._plans = network_plans(config.manifests)  # the same for every job
         self.state = new_state(config.workers, self.budget_bytes,
                                make_policy(config.policy, real_time=True,
-                                           read_ahead_bytes=config.read_ahead_bytes))
+                                           read_ahead_bytes=config.read_ahead_bytes,
+                                           copied_weights=weights_copied(config.manifests)))
         controller = None
         if config.context != "oblivious" and config.upstreams:
             controller = _GraphContext(config.context, config.upstreams, self._decide)
