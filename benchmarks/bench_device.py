@@ -63,7 +63,6 @@ from masa.common.atomic import atomic_save_png, atomic_write_text
 from masa.report.report import emulated_report
 from masa.runtime.device import Device, load_device
 from masa.runtime.emulation import check_emulation, run_emulated
-from masa.runtime.registry import weights_copied
 from masa.runtime.runner import PreparedRun, RunSettings, prepare_run
 from masa.sched.jobs import network_time_us
 from masa.sched.taskgraph import TaskKind
@@ -501,7 +500,7 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
     real.setdefault("meta", {}).update(_profiled_us_by_network(prepared))
     record = {"key": cell.key, "policy": policy, **cell.__dict__, "jobs": len(prepared.jobs),
               "commit": _commit(), "profile": pin.fingerprint,
-              "simulated_policy": ran_rule(policy, prepared),
+              "simulated_policy": ran_rule(policy, run.report or {}),
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
@@ -728,10 +727,11 @@ def resimulate(args: argparse.Namespace) -> None:
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
-def ran_rule(policy: str, prepared: PreparedRun) -> str:
-    """The rule a run of `policy` runs, by its name today: `masa` plans no batch on a
-    store that copies its weights, so there it is `masa-noplan`'s rule."""
-    if policy == "masa" and weights_copied(prepared.manifests):
+def ran_rule(policy: str, report: dict[str, Any]) -> str:
+    """The rule a run of `policy` ran, by its name today, from what its report counted:
+    a `masa` that planned no batch (a store that copies its weights) ran `masa-noplan`'s."""
+    stats = report.get("meta", {}).get("policy_stats") or {}
+    if policy == "masa" and stats.get("batch_planning") == 0:
         return "masa-noplan"
     return policy
 

@@ -128,6 +128,12 @@ class Stage:
         """The stage's external-data file, relative to the network directory."""
         return f"{self.file}.data"
 
+    @property
+    def loaded_mapped_bytes(self) -> int:
+        """Weight bytes a loaded stage keeps mapped from its data file, in the page
+        cache; 0 when the session copies them (copy mode, or prepacked)."""
+        return 0 if self.prepack else self.mapped_bytes
+
 
 @dataclass(frozen=True)
 class RuntimeBase:

@@ -121,8 +121,7 @@ def stage_storage(manifests: Mapping[str, NetworkManifest]) -> dict[tuple[str, s
         for stage in manifest.stages:
             paths = (manifest.stage_path(stage), manifest.directory / stage.data_file)
             file_bytes = sum(path.stat().st_size for path in paths if path.is_file())
-            mapped = 0 if stage.prepack else stage.mapped_bytes
-            storage[(name, stage.stage_id)] = StageStorage(file_bytes, mapped)
+            storage[(name, stage.stage_id)] = StageStorage(file_bytes, stage.loaded_mapped_bytes)
     return storage
 
 

@@ -67,10 +67,10 @@ def weights_copied(manifests: Mapping[str, NetworkManifest]) -> bool:
     copied_bytes = mapped_bytes = 0
     for manifest in manifests.values():
         for stage in manifest.stages:
-            if stage.prepack or not stage.mapped_bytes:
-                copied_bytes += stage.weight_bytes
+            if stage.loaded_mapped_bytes:
+                mapped_bytes += stage.loaded_mapped_bytes
             else:
-                mapped_bytes += stage.mapped_bytes
+                copied_bytes += stage.weight_bytes
     return copied_bytes > mapped_bytes
 
 

@@ -351,7 +351,7 @@ class _Stages:
                                                 self.intra_op_threads)
             # Mapped weights (not copied by prepacking) are the stage's from now on.
             data_path = f"{path}.data"
-            mapped = bool(stage.mapped_bytes and not stage.prepack)
+            mapped = bool(stage.loaded_mapped_bytes)
             in_memory_bytes = (page_cache_bytes(data_path) or 0) if mapped else 0
             if mapped and locked is None:
                 self._warn_unlocked(data_path)
