@@ -9,9 +9,11 @@ the mean, p90 and p99 job response of every policy, Masa's progress-rule
 over-commits and every policy's peak reserved memory, and says where Masa
 (the default policy, job order and batch plan included) wins and loses against
 the best baseline and against `masa-greedy` (MasaPolicy(job_order=False): the masa
-of before issue 14); `masa-noplan` (masa without its batch plan) can be added as a
-column (`--policies`). It writes its tables and a PNG into docs/bench-compare.md,
-between the grid markers (the rest of that page is left as it is).
+of before issue 14); `masa-noplan` (masa without its batch plan) and `masa-q1`,
+`masa-q2` (masa whose job order engages from the first or second job with work
+instead of workers + 1, `queue_jobs`; docs/scheduling.md, "When the job order
+engages") can be added as columns (`--policies`). It writes its tables and a
+PNG into docs/bench-compare.md, between the grid markers (the rest of that page is left as it is).
 
 Run (one process; about 1-3 s per simulated run on a shared core):
     python benchmarks/bench_grid.py --store mmap=/tmp/zoo1 --store copy=/tmp/zoo1-copy \
@@ -35,6 +37,7 @@ from bench_compare import figure_png, markdown_table, pyplot, scenario_jobs
 
 from masa.common.atomic import atomic_write_bytes, atomic_write_text
 from masa.common.units import parse_memory_bytes
+from masa.runtime.planning import BatchPlanningPolicy
 from masa.runtime.registry import make_policy, weights_copied
 from masa.runtime.runner import prepare_run
 from masa.runtime.virtual import simulate_graph
@@ -53,6 +56,8 @@ POLICIES: dict[str, Callable[[bool], Policy]] = {
     "masa": lambda copied: make_policy("masa", copied_weights=copied),
     "masa-greedy": lambda copied: MasaPolicy(job_order=False),
     "masa-noplan": lambda copied: make_policy("masa-noplan"),
+    "masa-q1": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=1),
+    "masa-q2": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=2),
     "bulk": lambda copied: make_policy("bulk"),
     "deepeye": lambda copied: make_policy("deepeye"),
 }
