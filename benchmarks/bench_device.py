@@ -426,6 +426,14 @@ def board(cap_bytes: int) -> Device:
                   swap_bytes=0, cores=pi.cores, cold_cache=True)
 
 
+def _measured_or_predicted_mib(report: dict[str, Any], name: str) -> float | None:
+    """A figure a real run's summary measures and a simulation's emulation predicts."""
+    value = report["summary"].get(name)
+    if value is None:
+        value = (report.get("emulation") or {}).get(name)
+    return None if value is None else round(value / MIB, 1)
+
+
 def _stats(report: dict[str, Any]) -> dict[str, Any]:
     summary = report["summary"]
     responses = [j["response_us"] for j in report.get("jobs", [])
@@ -445,6 +453,10 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "peak_cgroup_mib": (round(emulation["peak_cgroup_bytes"] / MIB, 1)
                             if emulation.get("peak_cgroup_bytes") else None),
         "read_mib": round(emulation.get("bytes_read", 0) / MIB, 1),
+        # The LOADs' stage files found in the page cache at their start: measured (the
+        # summary) or predicted (a simulation's emulation figures).
+        "load_cached_mib": _measured_or_predicted_mib(report, "stage_file_bytes_cached_at_load"),
+        "load_file_mib": _measured_or_predicted_mib(report, "stage_file_bytes_loaded"),
         "major_faults": emulation.get("major_faults"),
         "over_commits": summary.get("over_commits"),
         "exec_ratio": time_ratio(report),
@@ -1186,7 +1198,29 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
         lines.append(f"- Bytes read from the SD card, simulated / real: median "
                      f"{np.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f} "
                      f"({len(reads)} finished runs).")
-    return lines
+    return lines + missing_at_load_lines(results)
+
+
+def missing_at_load_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Per run that measured it (recorded since 2026-11-26), the stage file bytes its
+    LOADs did not find in the page cache at their start, real and simulated, beside the
+    bytes it read: the page-cache model checked LOAD by LOAD. Read - missing is what the
+    kernel evicted during the LOADs and read again."""
+    rows = []
+    for runs in _by_cell(results).values():
+        for record in runs.values():
+            real, sim = record["real"], record.get("simulated") or {}
+            if real.get("load_cached_mib") is None or sim.get("load_cached_mib") is None:
+                continue
+            rows.append(f"{_short(record)} {record['policy']} "
+                        f"{real['load_file_mib'] - real['load_cached_mib']:.0f} / "
+                        f"{sim['load_file_mib'] - sim['load_cached_mib']:.0f} MiB "
+                        f"(read {real['read_mib']:.0f} / {sim['read_mib']:.0f})")
+    if not rows:
+        return []
+    return ["- Stage file bytes missing from the page cache when their LOAD started, real / "
+            "simulated (the latest run of each policy that measured it; read from the card "
+            "in brackets): " + "; ".join(rows) + "."]
 
 
 def plot(results: Sequence[dict[str, Any]], path: Path) -> None:

@@ -187,6 +187,12 @@ class NetworkManifest:
     def stage_path(self, stage: Stage) -> Path:
         return self.directory / stage.file
 
+    def stage_files(self, stage: Stage) -> tuple[Path, ...]:
+        """The files a LOAD of the stage reads: its graph and, where there is one, its
+        external-data file (the weights)."""
+        data = self.directory / stage.data_file
+        return (self.stage_path(stage), data) if data.is_file() else (self.stage_path(stage),)
+
     @property
     def profiled(self) -> bool:
         return all(stage.profile is not None for stage in self.stages)

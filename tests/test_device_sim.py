@@ -39,6 +39,9 @@ def test_a_cold_load_reads_its_file_and_a_second_load_hits_the_page_cache() -> N
     assert _durations(result, "load") == [100 + 2 * MB, 100]
     assert result.device.bytes_read == 2 * MB
     assert (result.device.load_misses, result.device.load_hits) == (1, 1)
+    # what a real run measures at each LOAD's start: the second found the whole file
+    assert (result.device.stage_file_bytes_loaded,
+            result.device.stage_file_bytes_cached_at_load) == (4 * MB, 2 * MB)
     assert result.device.killed_at_us is None
     assert [job for job, _ in result.device.jobs_finished_before_kill] == [0, 1]
 
@@ -55,6 +58,7 @@ def test_without_room_for_the_whole_file_the_second_load_reads_what_was_evicted(
     assert _durations(result, "load") == [100 + 2 * MB, 100 + 2 * MB - kept_bytes]
     assert result.device.bytes_read == 4 * MB - kept_bytes
     assert (result.device.load_misses, result.device.load_hits) == (2, 0)
+    assert result.device.stage_file_bytes_cached_at_load == kept_bytes
 
 
 def test_a_warm_device_starts_with_the_files_cached_and_no_bandwidth_costs_nothing() -> None:

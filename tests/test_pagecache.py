@@ -17,7 +17,7 @@ from masa.common.procmem import drop_cached, page_cache_bytes
 from masa.runtime.pagecache import KeptFiles
 from masa.runtime.threads import _Stages
 from masa.sched.taskgraph import Task, TaskKind
-from model_prep.manifest import NetworkManifest
+from model_prep.manifest import NetworkManifest, load_manifest
 from model_prep.split import split_model
 from tests import models
 from tests.test_zero_copy import _can_lock, _fc_model
@@ -87,6 +87,25 @@ def test_pages_another_job_maps_stay_cached(fc_manifest: NetworkManifest) -> Non
     assert page_cache_bytes(second) == 0
 
 
+def test_a_load_counts_the_stage_files_it_finds_in_the_page_cache(
+        fc_manifest: NetworkManifest) -> None:
+    stage = fc_manifest.stages[0]
+    files = fc_manifest.stage_files(stage)
+    file_bytes = sum(path.stat().st_size for path in files)
+    for path in files:
+        drop_cached(path, write_back=True)
+    if page_cache_bytes(files[0]) is None:
+        pytest.skip("neither cachestat(2) nor mincore(2) here: the page cache is unreadable")
+    stages = _Stages({"fc": fc_manifest}, intra_op_threads=1)
+    cold, warm = _loads(fc_manifest, 0)[0], _loads(fc_manifest, 1)[0]
+    stages.run_task(cold)
+    assert (stages.load_file_bytes, stages.load_cached_bytes) == (file_bytes, 0)
+    stages.release(cold)  # no memory pressure: the kernel keeps the pages
+    stages.run_task(warm)
+    assert (stages.load_file_bytes, stages.load_cached_bytes) == (2 * file_bytes, file_bytes)
+    stages.release(warm)
+
+
 def _fc_store(tmp_path: Path) -> tuple[Path, Path]:
     """A store holding the fc network (mmap stages, not profiled) and a two-job workload."""
     store = tmp_path / "store"
@@ -112,6 +131,23 @@ def test_masa_run_keep_cached_reaches_the_executor_and_the_report(tmp_path: Path
     with pytest.raises(SystemExit) as bad_size:  # argparse: one line, exit 2
         masa_main(["run", str(workload), "--store", str(store), "--keep-cached=-1MiB"])
     assert bad_size.value.code == 2
+
+
+def test_a_real_run_reports_the_stage_files_its_loads_found_cached(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store, workload = _fc_store(tmp_path)
+    manifest = load_manifest(store / "fc")
+    file_bytes = sum(path.stat().st_size for stage in manifest.stages
+                     for path in manifest.stage_files(stage))
+    report_path = tmp_path / "r.json"
+    assert masa_main(["run", str(workload), "--store", str(store), "--memory", "256MiB",
+                      "--report", str(report_path)]) == 0
+    summary = json.loads(report_path.read_text())["summary"]
+    assert summary["stage_file_bytes_loaded"] == 2 * file_bytes  # two jobs, every stage
+    cached = summary["stage_file_bytes_cached_at_load"]
+    if cached is not None:  # the second job finds what the first loaded
+        assert file_bytes <= cached <= 2 * file_bytes
+        assert "found in the page cache" in capsys.readouterr().out
 
 
 def test_a_simulation_says_it_does_not_model_keep_cached(

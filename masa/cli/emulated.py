@@ -119,8 +119,8 @@ def stage_storage(manifests: Mapping[str, NetworkManifest]) -> dict[tuple[str, s
     storage = {}
     for name, manifest in manifests.items():
         for stage in manifest.stages:
-            paths = (manifest.stage_path(stage), manifest.directory / stage.data_file)
-            file_bytes = sum(path.stat().st_size for path in paths if path.is_file())
+            file_bytes = sum(path.stat().st_size for path in manifest.stage_files(stage)
+                             if path.is_file())
             storage[(name, stage.stage_id)] = StageStorage(file_bytes, stage.loaded_mapped_bytes)
     return storage
 
@@ -175,6 +175,8 @@ def simulated_device_report(prepared: PreparedRun, settings: RunSettings, model:
         "major_faults": 0, "bytes_read": predicted.bytes_read,
         "thrash_bytes": predicted.thrash_bytes, "load_hits": predicted.load_hits,
         "load_misses": predicted.load_misses, "cgroups": [],
+        "stage_file_bytes_loaded": predicted.stage_file_bytes_loaded,
+        "stage_file_bytes_cached_at_load": predicted.stage_file_bytes_cached_at_load,
     }
     report = outcome_report(outcome, meta) if killed_us is None else None
     return emulated_report(emulation, report, policy=settings.policy,

@@ -52,8 +52,7 @@ def network_files(manifests: Iterable[NetworkManifest]) -> list[Path]:
     for manifest in manifests:
         files.append(manifest.directory / MANIFEST_NAME)
         for stage in manifest.stages:
-            files.append(manifest.stage_path(stage))
-            files.append(manifest.directory / stage.data_file)
+            files.extend(manifest.stage_files(stage))
     return files
 
 

@@ -13,11 +13,13 @@ than the standard library and psutil:
   nothing else in the process allocates meanwhile;
 - `process_memory_bytes()`: the full split through psutil (smaps_rollup), for
   reports;
-- `page_cache_bytes(path)`: how much of a file is in memory (mincore), for the
-  stage data files a LOAD maps: those pages are the stage's weights, held for
-  it whether or not the process has touched them yet, and a memory cgroup is
-  charged for them; `drop_cached(path)` drops a file's pages from it
-  (posix_fadvise DONTNEED: only pages nothing maps or locks);
+- `page_cache_bytes(path)`: how much of a file is in memory (cachestat, or
+  mincore), for the stage data files a LOAD maps: those pages are the stage's
+  weights, held for it whether or not the process has touched them yet, and a
+  memory cgroup is charged for them; `files_cached_bytes(paths)` the same over a
+  LOAD's files before it starts (what it finds without reading storage);
+  `drop_cached(path)` drops a file's pages from it (posix_fadvise DONTNEED: only
+  pages nothing maps or locks);
 - the process's memory cgroup (v1 or v2): `find_memory_cgroup`,
   `read_cgroup_memory` and `CgroupMeter` (usage at the start of a run, its peak
   and OOM kills over the run). The root cgroup is never reported: its figures
@@ -32,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -180,6 +183,18 @@ def page_cache_bytes(path: str | Path) -> int | None:
         return _mincore_bytes(fd, size)
     finally:
         os.close(fd)
+
+
+def files_cached_bytes(paths: Iterable[str | Path]) -> tuple[int, int | None]:
+    """The files' total size and how many of those bytes are in the page cache now
+    (None where that cannot be read): what a read of them finds without storage."""
+    total_bytes, cached_bytes = 0, 0
+    for path in paths:
+        total_bytes += os.stat(path).st_size
+        if cached_bytes is not None:
+            found = page_cache_bytes(path)
+            cached_bytes = None if found is None else cached_bytes + found
+    return total_bytes, cached_bytes
 
 
 def _mincore_bytes(fd: int, size: int) -> int | None:

@@ -36,7 +36,8 @@ NETWORK_STATUSES = ("done", "failed", "skipped", "aborted", "interrupted")
 # (null in a simulation); peak_measured_bytes comes first.
 MEASURED_KEYS = ("peak_measured_source", "peak_anonymous_bytes", "peak_file_backed_bytes",
                  "peak_stage_file_bytes", "peak_rss_above_baseline_bytes", "baseline_rss_bytes",
-                 "baseline_anonymous_bytes", "baseline_file_backed_bytes", "cgroup")
+                 "baseline_anonymous_bytes", "baseline_file_backed_bytes", "cgroup",
+                 "stage_file_bytes_loaded", "stage_file_bytes_cached_at_load")
 
 
 def _stats_us(values: Sequence[int]) -> dict[str, float | None]:
@@ -411,6 +412,9 @@ def format_table(report: Mapping[str, Any]) -> str:
     cgroup = overall.get("cgroup")
     if cgroup:
         lines.append(format_cgroup(cgroup))
+    if overall.get("stage_file_bytes_loaded"):
+        lines.append(format_found_cached(overall["stage_file_bytes_loaded"],
+                                         overall.get("stage_file_bytes_cached_at_load")))
     if report.get("partial"):
         lines.append(f"PARTIAL: interrupted by {report.get('interrupted_by')}; "
                      f"{overall.get('jobs_interrupted', 0)} of {overall['jobs']} jobs did not "
@@ -430,6 +434,15 @@ def format_measured(summary: Mapping[str, Any]) -> str:
         return _size(peak)
     return (f"{_size(peak)} (anon {_size(anonymous)}, "
             f"file {_size(summary.get('peak_file_backed_bytes'))})")
+
+
+def format_found_cached(loaded_bytes: int, cached_bytes: int | None) -> str:
+    """One line: the LOADs' stage files and how much of them was already in the page
+    cache at their start (the rest came from storage)."""
+    if cached_bytes is None:
+        return f"stage files loaded {_size(loaded_bytes)} (page cache not readable here)"
+    return (f"stage files loaded {_size(loaded_bytes)}, found in the page cache "
+            f"{_size(cached_bytes)} ({_share(cached_bytes, loaded_bytes)})")
 
 
 def format_cgroup(cgroup: Mapping[str, Any]) -> str:
@@ -548,9 +561,13 @@ def format_emulation(report: Mapping[str, Any]) -> str:
     else:
         ended = (f"{emulation['status'].upper()} after {emulation['run_time_s']} s with "
                  f"{len(emulation['jobs_finished'])} jobs finished: {emulation['reason']}")
+    # A simulation predicts what a real run's summary measures (format_table prints it).
+    predicted = ("" if not emulation.get("stage_file_bytes_loaded") else "\n" + format_found_cached(
+        emulation["stage_file_bytes_loaded"], emulation.get("stage_file_bytes_cached_at_load")))
     return (f"{head}\n{ended}; cgroup peak {_size(emulation['peak_cgroup_bytes'])} "
             f"(anon {_size(emulation['peak_anonymous_bytes'])}, page cache "
             f"{_size(emulation['peak_page_cache_bytes'])}, swap "
             f"{_size(emulation['peak_swap_bytes'])}), read "
             f"{_size(emulation['bytes_read'])} from storage, "
-            f"{emulation['major_faults']} major faults, OOM kills {emulation['oom_kills']}")
+            f"{emulation['major_faults']} major faults, OOM kills {emulation['oom_kills']}"
+            f"{predicted}")

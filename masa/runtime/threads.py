@@ -50,6 +50,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,7 @@ from masa.common.procmem import (
     CgroupRunMemory,
     ResidentSplit,
     drop_cached,
+    files_cached_bytes,
     find_memory_cgroup,
     page_cache_bytes,
     peak_rss_bytes,
@@ -158,6 +160,8 @@ class RealRunResult:
     # (time_us, anonymous_bytes, file_backed_bytes) at every sample, absolute
     resident_timeline: list[tuple[int, int, int]] = field(default_factory=list)
     cgroup_memory: CgroupRunMemory | None = None  # None outside a memory cgroup
+    stage_file_bytes_loaded: int = 0  # the LOADs' stage files (_Stages.load_file_bytes)
+    stage_file_bytes_cached_at_load: int | None = None  # found in the page cache then
     policy_stats: dict[str, int] = field(default_factory=dict)  # registry.policy_stats
     # The signal that stopped the run (SIGINT, SIGTERM), None when it ran to its end.
     # The networks it did not finish then have the status "interrupted".
@@ -176,6 +180,8 @@ class RealRunResult:
             "baseline_anonymous_bytes": self.baseline_anonymous_bytes,
             "baseline_file_backed_bytes": self.baseline_file_backed_bytes,
             "cgroup": None if self.cgroup_memory is None else self.cgroup_memory.as_dict(),
+            "stage_file_bytes_loaded": self.stage_file_bytes_loaded,
+            "stage_file_bytes_cached_at_load": self.stage_file_bytes_cached_at_load,
         }
 
 
@@ -327,6 +333,10 @@ class _Stages:
         self.intra_op_threads = intra_op_threads
         # Which unloaded stages' files stay cached (None: the kernel decides alone).
         self.kept_files = None if keep_cached_bytes is None else KeptFiles(keep_cached_bytes)
+        # The LOADs' stage files, and the bytes of them found in the page cache at their
+        # start (None: the page cache cannot be read here).
+        self.load_file_bytes = 0
+        self.load_cached_bytes: int | None = 0
         self.stages: dict[tuple[str, str], Stage] = {
             (name, stage.stage_id): stage
             for name, manifest in manifests.items() for stage in manifest.stages
@@ -346,7 +356,9 @@ class _Stages:
         stage = self.stages[(task.network, task.stage_id)]
         key = (task.group, task.stage_id)
         if task.kind is TaskKind.LOAD:
-            path = self.manifests[task.network].stage_path(stage)
+            manifest = self.manifests[task.network]
+            path = manifest.stage_path(stage)
+            self._count_found_cached(manifest.stage_files(stage))
             session, locked = load_stage_locked(path, stage.prepack, stage.mapped_bytes,
                                                 self.intra_op_threads)
             # Mapped weights (not copied by prepacking) are the stage's from now on.
@@ -403,6 +415,15 @@ class _Stages:
             for tensor in stage.outputs:
                 self.tensors.pop((opener.group, tensor.name), None)
         return False
+
+    def _count_found_cached(self, paths: Sequence[Path]) -> None:
+        """Count the LOAD's files and how much of them it finds in the page cache: the
+        rest comes from storage (the simulator's DeviceBackend predicts the same)."""
+        file_bytes, cached_bytes = files_cached_bytes(paths)
+        with self.lock:
+            self.load_file_bytes += file_bytes
+            self.load_cached_bytes = (None if cached_bytes is None or self.load_cached_bytes
+                                      is None else self.load_cached_bytes + cached_bytes)
 
     def _unload(self, key: tuple[str, str]) -> bool:
         with self.lock:
@@ -807,5 +828,7 @@ class RealExecutor:
             error_details=self.driver.error_details,
             process_memory_after=process_memory_bytes(),
             interrupted=interrupted,
+            stage_file_bytes_loaded=backend.stages.load_file_bytes,
+            stage_file_bytes_cached_at_load=backend.stages.load_cached_bytes,
             **backend.meter.result_fields(),
         )

@@ -169,6 +169,10 @@ class DeviceOutcome:
     thrash_bytes: int = 0  # of which mapped pages read again by an EXEC
     load_hits: int = 0  # LOADs whose files were all in the page cache
     load_misses: int = 0
+    # The LOADs' stage files, and the bytes of them in the page cache at their start
+    # (a real run measures the same: RealRunResult.stage_file_bytes_cached_at_load).
+    stage_file_bytes_loaded: int = 0
+    stage_file_bytes_cached_at_load: int = 0
     peak_anonymous_bytes: int = 0  # base + anonymous reservations
     peak_page_cache_bytes: int = 0
 
@@ -246,6 +250,8 @@ class DeviceBackend(VirtualBackend):
                 self.outcome.bytes_read += missing
                 self.outcome.load_misses += bool(missing)
                 self.outcome.load_hits += not missing
+                self.outcome.stage_file_bytes_loaded += storage.file_bytes
+                self.outcome.stage_file_bytes_cached_at_load += storage.file_bytes - missing
             extra_us = self._queued_read_us(self.device.read_us(missing))
             self.cache.touch(key, storage.file_bytes)
             if storage.mapped_bytes:
