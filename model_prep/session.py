@@ -43,6 +43,8 @@ import ctypes.util
 import gc
 import mmap
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,11 +110,26 @@ def load_stage_locked(
 ) -> tuple[ort.InferenceSession, LockedPages | None]:
     """An executor's LOAD: `load_stage`, with the mapped weights locked in memory
     until the caller unlocks them (at the stage's unload); None: nothing to lock,
-    or the kernel refused the lock (the weights are then only read in)."""
-    session = create_session(model_path, intra_op_threads, prepack)
+    or the kernel refused the lock (the weights are then only read in).
+
+    Either way the weights' pages already cached are locked before anything is
+    read (`hold_cached`): mapped weights are locked before the session is created,
+    copied ones are held only while it reads them."""
+    data_path = f"{model_path}.data"
     if not mapped_bytes or prepack:
-        return session, None
-    return session, lock_in(f"{model_path}.data")
+        held = hold_cached(data_path)
+        try:
+            return create_session(model_path, intra_op_threads, prepack), None
+        finally:
+            if held is not None:
+                held.unlock()
+    locked = lock_in(data_path)
+    try:
+        return create_session(model_path, intra_op_threads, prepack), locked
+    except BaseException:
+        if locked is not None:
+            locked.unlock()
+        raise
 
 
 # Linux >= 5.14: fault every page of a mapping in, reading from storage as needed,
@@ -177,28 +194,85 @@ class LockedPages:
 def lock_in(path: str | Path) -> LockedPages | None:
     """Read a file's pages in and keep them locked in memory (`LockedPages`).
 
-    mlock faults every page in, reading from storage as needed, like
-    `read_in`. None where nothing is locked: an empty file, or the kernel
-    refused (a process without CAP_IPC_LOCK may lock only RLIMIT_MEMLOCK bytes,
-    `ulimit -l`, often 8 MiB); the file is then read in as `read_in` does.
+    The pages already in the page cache are locked first, then the rest: mlock
+    faults every page in, reading from storage as needed, like `read_in`. None
+    where nothing is locked: an empty file, or the kernel refused (a process
+    without CAP_IPC_LOCK may lock only RLIMIT_MEMLOCK bytes, `ulimit -l`, often
+    8 MiB); the file is then read in as `read_in` does.
     """
-    if _LIBC is None or not hasattr(_LIBC, "mlock"):
+    mapping = _map_locking_cached(path)
+    if mapping is None:
         read_in(path)
+        return None
+    if mapping.size_bytes == 0:
+        return None
+    if mapping.locked and _mlock(mapping.address, mapping.size_bytes):
+        return LockedPages(mapping.address, mapping.size_bytes)
+    _LIBC.munmap(ctypes.c_void_p(mapping.address), ctypes.c_size_t(mapping.size_bytes))
+    read_in(path)
+    return None
+
+
+def hold_cached(path: str | Path) -> LockedPages | None:
+    """Lock the file's pages that are in the page cache now, reading nothing, until
+    `unlock()`: for a LOAD that reads its weights (and copies them). None where
+    nothing was locked (no such file, nothing cached, or the kernel refused).
+
+    Under a memory cap a LOAD's reads need room, and the kernel reclaims the
+    oldest pages first: in a file last used a job ago, the LOAD's own pages that
+    it has not reached yet are among them, so it read them again, and a stage
+    loaded beside it lost the pages it was about to lock. Measured on the
+    emulated Pi 4 (mixed at 512 MiB, 2026-11-26): EmotionNet's 288 MiB fc6 file,
+    122 MiB of it missing when its LOAD began, was read whole.
+    """
+    if not os.path.isfile(path):
+        return None
+    mapping = _map_locking_cached(path)
+    if mapping is None or mapping.size_bytes == 0:
+        return None
+    held = LockedPages(mapping.address, mapping.size_bytes)
+    if not mapping.locked or not mapping.any_cached:
+        held.unlock()
+        return None
+    return held
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    address: int
+    size_bytes: int
+    locked: bool  # every run of cached pages was locked (or there was none)
+    any_cached: bool
+
+
+def _map_locking_cached(path: str | Path) -> _Mapping | None:
+    """Map the file and lock the runs of its pages already in the page cache (mincore:
+    no I/O). None where it cannot be mapped or libc lacks mlock."""
+    if _LIBC is None or not hasattr(_LIBC, "mlock"):
         return None
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else None
+        address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else 0
     finally:
         os.close(fd)
     if size == 0:
+        return _Mapping(0, 0, True, False)
+    if address is None or address == _MAP_FAILED:
         return None
-    if address is not None and address != _MAP_FAILED:
-        if _LIBC.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size)) == 0:
-            return LockedPages(address, size)
-        _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
-    read_in(path)
-    return None
+    vector = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) != 0:
+        return _Mapping(address, size, True, False)  # unknown: the caller locks it all
+    # Bit 0 of each byte: the page is resident (the other bits are reserved).
+    resident = bytes(vector).translate(_RESIDENT_BIT)
+    runs = [(run.start() * mmap.PAGESIZE, min(size, run.end() * mmap.PAGESIZE))
+            for run in re.finditer(rb"\x01+", resident)]
+    locked = all(_mlock(address + begin, end - begin) for begin, end in runs)
+    return _Mapping(address, size, locked, bool(runs))
+
+
+def _mlock(address: int, size_bytes: int) -> bool:
+    return _LIBC.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size_bytes)) == 0
 
 
 def _touch_pages(view: mmap.mmap, size: int) -> None:
@@ -225,10 +299,12 @@ def _load_libc() -> ctypes.CDLL | None:
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     return libc
 
 
 _LIBC = _load_libc()
+_RESIDENT_BIT = bytes(byte & 1 for byte in range(256))  # a translate() table
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
 

@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from masa.cli.main import main as masa_main
-from masa.common.procmem import page_cache_bytes, process_memory_bytes
+from masa.common.procmem import drop_cached, page_cache_bytes, process_memory_bytes
 from masa.runtime.emulation import evict_files
 from masa.runtime.registry import weights_copied
 from masa.runtime.threads import _Stages
@@ -41,6 +41,7 @@ from model_prep.profile import PREPACK_MIN_GAIN, choose_session
 from model_prep.session import (
     WARMUP_INPUT_SHAPE,
     WARMUP_MODEL_PATH,
+    hold_cached,
     load_stage,
     lock_in,
     read_in,
@@ -209,6 +210,49 @@ def _locked_bytes() -> int:
 def _can_lock(size_bytes: int) -> bool:
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 2 * size_bytes
+
+
+def test_hold_cached_locks_only_the_pages_already_cached_and_reads_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "weights.data"
+    path.write_bytes(np.arange(4 * MIB // 8, dtype=np.int64).tobytes())
+    if not _can_lock(4 * MIB):
+        pytest.skip("RLIMIT_MEMLOCK below 8 MiB and not root: mlock is refused here")
+    evict_files([path])
+    if page_cache_bytes(path) != 0:
+        pytest.skip("this file system keeps a file's pages (tmpfs): nothing to evict")
+    with open(path, "rb") as handle:  # the second MiB and the last one cached
+        handle.seek(MIB)
+        handle.read(MIB)
+        handle.seek(3 * MIB)
+        handle.read(MIB)
+    cached = page_cache_bytes(path)
+    assert cached is not None and 2 * MIB <= cached < 4 * MIB  # readahead may add a little
+    before = _locked_bytes()
+    held = hold_cached(path)
+    assert held is not None
+    assert _locked_bytes() - before == cached  # every cached page, and only those
+    assert page_cache_bytes(path) == cached  # nothing read
+    drop_cached(path)  # what a reclaim does to unlocked pages: the held ones stay
+    assert page_cache_bytes(path) == cached
+    held.unlock()
+    assert _locked_bytes() == before
+    drop_cached(path)
+    assert page_cache_bytes(path) == 0
+    assert hold_cached(path) is None  # nothing cached: nothing to hold
+    assert hold_cached(tmp_path / "missing.data") is None
+
+    # lock_in locks the cached pages first, then the rest (read from storage).
+    with open(path, "rb") as handle:
+        handle.read(MIB)
+    calls: list[int] = []
+    real_mlock = session_module._LIBC.mlock
+    monkeypatch.setattr(session_module._LIBC, "mlock",
+                        lambda address, size: calls.append(size.value) or real_mlock(address, size))
+    locked = lock_in(path)
+    assert locked is not None and calls[-1] == 4 * MIB
+    assert len(calls) == 2 and calls[0] < 4 * MIB  # the cached run came first, alone
+    locked.unlock()
 
 
 def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(
