@@ -212,13 +212,20 @@ def _can_lock(size_bytes: int) -> bool:
     return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 2 * size_bytes
 
 
+def _evicted_weights_file(directory: Path, size_bytes: int) -> Path:
+    """A data file of `size_bytes` out of the page cache; skips where mlock is refused."""
+    if not _can_lock(size_bytes):
+        pytest.skip(f"RLIMIT_MEMLOCK below {2 * size_bytes // MIB} MiB and not root: "
+                    "mlock is refused here")
+    path = directory / "weights.data"
+    path.write_bytes(np.arange(size_bytes // 8, dtype=np.int64).tobytes())
+    evict_files([path])
+    return path
+
+
 def test_hold_cached_locks_only_the_pages_already_cached_and_reads_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "weights.data"
-    path.write_bytes(np.arange(4 * MIB // 8, dtype=np.int64).tobytes())
-    if not _can_lock(4 * MIB):
-        pytest.skip("RLIMIT_MEMLOCK below 8 MiB and not root: mlock is refused here")
-    evict_files([path])
+    path = _evicted_weights_file(tmp_path, 4 * MIB)
     if page_cache_bytes(path) != 0:
         pytest.skip("this file system keeps a file's pages (tmpfs): nothing to evict")
     with open(path, "rb") as handle:  # the second MiB and the last one cached
@@ -257,11 +264,7 @@ def test_hold_cached_locks_only_the_pages_already_cached_and_reads_nothing(
 
 def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "weights.data"
-    path.write_bytes(np.arange(3 * MIB // 8, dtype=np.int64).tobytes())
-    if not _can_lock(3 * MIB):
-        pytest.skip("RLIMIT_MEMLOCK below 6 MiB and not root: mlock is refused here")
-    evict_files([path])
+    path = _evicted_weights_file(tmp_path, 3 * MIB)
     before = _locked_bytes()
     locked = lock_in(path)
     assert locked is not None and locked.locked
