@@ -50,6 +50,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from masa.common.procmem import resident_pages
+
 DEFAULT_INTRA_OP_THREADS = 1
 # A tiny Conv+Relu+Flatten+Gemm model (x: 1x3x8x8 -> y: 1x8; tests/test_zero_copy.py
 # rebuilds it). Its first session and run pay ONNX Runtime's one-time setup
@@ -260,11 +262,9 @@ def _map_locking_cached(path: str | Path) -> _Mapping | None:
         return _Mapping(0, 0, True, False)
     if address is None or address == _MAP_FAILED:
         return None
-    vector = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-    if _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) != 0:
+    resident = resident_pages(address, size)
+    if resident is None:
         return _Mapping(address, size, True, False)  # unknown: the caller locks it all
-    # Bit 0 of each byte: the page is resident (the other bits are reserved).
-    resident = bytes(vector).translate(_RESIDENT_BIT)
     runs = [(run.start() * mmap.PAGESIZE, min(size, run.end() * mmap.PAGESIZE))
             for run in re.finditer(rb"\x01+", resident)]
     locked = all(_mlock(address + begin, end - begin) for begin, end in runs)
@@ -299,12 +299,10 @@ def _load_libc() -> ctypes.CDLL | None:
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     return libc
 
 
 _LIBC = _load_libc()
-_RESIDENT_BIT = bytes(byte & 1 for byte in range(256))  # a translate() table
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
 

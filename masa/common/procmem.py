@@ -128,6 +128,7 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc()
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_RESIDENT_BIT = bytes(byte & 1 for byte in range(256))  # a translate() table
 
 
 class _CachestatRange(ctypes.Structure):
@@ -197,6 +198,18 @@ def files_cached_bytes(paths: Iterable[str | Path]) -> tuple[int, int | None]:
     return total_bytes, cached_bytes
 
 
+def resident_pages(address: int, size: int) -> bytes | None:
+    """One byte per page of the mapping at `address` (`size` bytes long): 1 where the
+    page is in memory, else 0 (mincore); None where mincore is missing or refused."""
+    if _LIBC is None:
+        return None
+    vector = (ctypes.c_ubyte * -(-size // _PAGE_BYTES))()
+    if _LIBC.mincore(address, size, vector) != 0:
+        return None
+    # Bit 0 of each byte: the page is resident (the other bits are reserved).
+    return bytes(vector).translate(_RESIDENT_BIT)
+
+
 def _mincore_bytes(fd: int, size: int) -> int | None:
     if size == 0:
         return 0
@@ -204,11 +217,8 @@ def _mincore_bytes(fd: int, size: int) -> int | None:
     if address is None or address == _MAP_FAILED:
         return None
     try:
-        vector = (ctypes.c_ubyte * -(-size // _PAGE_BYTES))()
-        if _LIBC.mincore(address, size, vector) != 0:
-            return None
-        # Bit 0 of each byte: the page is resident (the other bits are reserved, 0).
-        return min(size, bytes(vector).count(1) * _PAGE_BYTES)
+        pages = resident_pages(address, size)
+        return None if pages is None else min(size, pages.count(1) * _PAGE_BYTES)
     finally:
         _LIBC.munmap(address, size)
 
