@@ -1006,7 +1006,12 @@ def bound_by(record: dict[str, Any]) -> str:
 
 
 def _short(record: dict[str, Any]) -> str:
-    return (f"{record['scenario']}{' copy' if record.get('store') == 'copy' else ''} "
+    """The cell's scenario, budget, load and span, with what sets it apart from the
+    plain cell (copied weights, misjudged memory estimates, Masa's read-ahead)."""
+    scale, read_ahead = record.get("memory_scale", 1.0), record.get("read_ahead_mib")
+    return (f"{record['scenario']}{' copy' if record.get('store') == 'copy' else ''}"
+            f"{'' if scale == 1.0 else f' mem x{scale:g}'}"
+            f"{'' if read_ahead is None else f' read-ahead {read_ahead} MiB'} "
             f"{record['budget_mib']} MiB/{record['rho']}/{record['span_s']} s")
 
 
@@ -1412,9 +1417,33 @@ from the results file; this text is not. The sensitivity figures below come from
 simulating recorded cells again with every task's time scaled
 (`python benchmarks/bench_device.py --sensitivity KEY`).
 
+- **The card-bound cells, twice on the cached-first code** (2026-11-26,
+  ce32069, the executor of 472e478: 11 of the 14 zero-copy cells and mixed
+  with copied weights at 1 GiB ran a second time, and four read-ahead cells
+  again; the grid shows the average of each cell's runs since 472e478). One
+  run of these cells (3-4 jobs) moves by up to 19%: Bulk's lifelogging at
+  1 GiB / 0.9 took 21.3 s, then 17.2 s; DeepEye's mixed at 512 MiB / 0.7
+  13.3 s, then 11.3 s; Masa with copied weights at 1 GiB 11.5 s, then 10.2 s.
+  Where nothing stays cached between jobs (stochastic II at 512 MiB / 0.7)
+  the two runs agree within 0.2%. Averaged, Masa is the fastest in 10 of the
+  14 zero-copy cells (mixed at 512 MiB -5% and -6% against Bulk, lifelogging
+  at 1 GiB -6% and -11%, stochastic I at 512 MiB -6% and -0.4%, at 1 GiB -1%
+  and -1%, stochastic II at 1 GiB / 0.7 -0.6%, at 512 MiB / 0.9 -28% in its
+  one run), within 2% in three (lifelogging at 512 MiB +0.1% and +0.3%, one
+  run each; stochastic II at 512 MiB / 0.7 +1.9% both times: Masa held up to
+  501 MiB against the baselines' 388-396, and 40 MiB of stage files the
+  baselines found cached at their LOADs were gone for it, 0.9 MiB found), and
+  loses one: stochastic II at 1 GiB / 0.9, +2.8% and +3.0% against DeepEye
+  (21.4 s against 20.8 s; simulated +7%). With copied weights at 1 GiB Masa
+  loses by 9% over two runs (10.8 s against DeepEye's 10.0 s) and wins with
+  its read-ahead window (9.3 s against 9.9 s); stochastic I with copied
+  weights -6% (one run). The read-ahead cells run again: lifelogging at 1 GiB
+  +10% against Bulk (0.7) and against DeepEye (0.9), stochastic I at 512 MiB /
+  0.9 +0.5%. The calibrated simulator's masa/bulk ratio is now within 15
+  points in all 32 card-bound cells (the six misses of single runs are gone).
 - **Since 2026-11-26 a LOAD locks its cached pages before it reads the rest**
-  (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it,
-  one run each, and the grid above shows those runs; bullets below written
+  (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it;
+  the figures in this bullet are the first run of each; bullets below written
   before it keep their figures). Measured per LOAD on mixed at 512 MiB (the
   stage files found in the page cache at the LOAD's start, cachestat, and the
   bytes the worker thread read over it, `/proc/thread-self/io`; a `/tmp` plugin
@@ -1653,14 +1682,12 @@ simulating recorded cells again with every task's time scaled
   factor alone, the multiplier beside another task, the dispatch time), its mean
   response is within 30% in 96 of 96 runs where the card binds and 41 of 51
   where the CPU binds (33 of 39 counting each group of repeated cells as one
-  experiment); the masa/bulk ratio is within 15 points in 26 of 32 (mixed with
-  copied weights at 1 GiB, -17 points since its repeat, above; three cells
-  with Masa's read-ahead window whose real runs re-read what the simulated
-  page cache keeps: lifelogging at 1 GiB / 0.7 and 0.9, -20 and -17, stochastic
-  I at 512 MiB / 0.9, -16; and the two unbounded lifelogging cells at 1 GiB,
-  +21 and +18, whose second runs kept more cached than the simulated page
-  cache, above) and 17 of 17 cells (these counts include the read-ahead
-  rows). Where
+  experiment); the masa/bulk ratio is within 15 points in 32 of 32 where the
+  card binds (since the card-bound cells were run again on the cached-first
+  code and averaged, first bullet; before, it missed in six: mixed with copied
+  weights at 1 GiB, three cells with Masa's read-ahead window, the two
+  lifelogging cells at 1 GiB) and 17 of 17 where the CPU binds (these counts
+  include the read-ahead rows). Where
   the card binds it used to miss lifelogging at 1 GiB (+50%), mixed with copied
   weights at 1 GiB (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21
   points): its page cache evicted whole files, so a stage file of 100 MiB went
