@@ -1417,25 +1417,28 @@ from the results file; this text is not. The sensitivity figures below come from
 simulating recorded cells again with every task's time scaled
 (`python benchmarks/bench_device.py --sensitivity KEY`).
 
-- **The card-bound cells, twice on the cached-first code** (2026-11-26,
-  ce32069, the executor of 472e478: 11 of the 14 zero-copy cells and mixed
-  with copied weights at 1 GiB ran a second time, and four read-ahead cells
-  again; the grid shows the average of each cell's runs since 472e478). One
-  run of these cells (3-4 jobs) moves by up to 19%: Bulk's lifelogging at
-  1 GiB / 0.9 took 21.3 s, then 17.2 s; DeepEye's mixed at 512 MiB / 0.7
-  13.3 s, then 11.3 s; Masa with copied weights at 1 GiB 11.5 s, then 10.2 s.
-  Where nothing stays cached between jobs (stochastic II at 512 MiB / 0.7)
-  the two runs agree within 0.2%. Averaged, Masa is the fastest in 10 of the
-  14 zero-copy cells (mixed at 512 MiB -5% and -6% against Bulk, lifelogging
-  at 1 GiB -6% and -11%, stochastic I at 512 MiB -6% and -0.4%, at 1 GiB -1%
-  and -1%, stochastic II at 1 GiB / 0.7 -0.6%, at 512 MiB / 0.9 -28% in its
-  one run), within 2% in three (lifelogging at 512 MiB +0.1% and +0.3%, one
-  run each; stochastic II at 512 MiB / 0.7 +1.9% both times: Masa held up to
+- **The card-bound cells, twice on the cached-first code** (2026-11-26/27,
+  ce32069 and 7d514a4, the executor of 472e478: all 14 zero-copy cells ran at
+  least twice, lifelogging at 1 GiB / 0.9 and mixed with copied weights at
+  1 GiB three times, and four read-ahead cells again; the grid shows the
+  average of each cell's runs since 472e478). One run of these cells (3-4
+  jobs) moves by up to 22%: Masa's stochastic II at 512 MiB / 0.9 took
+  24.0 s, then 29.2 s (2915, then 3491 MiB read; simulated 3491); Bulk's
+  lifelogging at 1 GiB / 0.9 21.3, 17.2 and 18.8 s; DeepEye's mixed at
+  512 MiB / 0.7 13.3 s, then 11.3 s. Where nothing stays cached between jobs
+  (lifelogging at 512 MiB, stochastic II at 512 MiB / 0.7) the runs agree
+  within 0.3%.
+  Averaged, Masa is the fastest in 10 of the 14 zero-copy cells (mixed at
+  512 MiB -5% and -6% against Bulk, lifelogging at 1 GiB -6% and -11%,
+  stochastic I at 512 MiB -6% and -0.4%, at 1 GiB -1% and -1%, stochastic II
+  at 1 GiB / 0.7 -0.6%, at 512 MiB / 0.9 -20%), within 2% in three
+  (lifelogging at 512 MiB +0.2% and +0.2%; stochastic II at 512 MiB / 0.7
+  +1.9% both times: Masa held up to
   501 MiB against the baselines' 388-396, and 40 MiB of stage files the
   baselines found cached at their LOADs were gone for it, 0.9 MiB found), and
   loses one: stochastic II at 1 GiB / 0.9, +2.8% and +3.0% against DeepEye
   (21.4 s against 20.8 s; simulated +7%). With copied weights at 1 GiB Masa
-  loses by 9% over two runs (10.8 s against DeepEye's 10.0 s) and wins with
+  loses by 10% over three runs (10.9 s against DeepEye's 9.9 s) and wins with
   its read-ahead window (9.3 s against 9.9 s); stochastic I with copied
   weights -6% (one run). The read-ahead cells run again: lifelogging at 1 GiB
   +10% against Bulk (0.7) and against DeepEye (0.9), stochastic I at 512 MiB /
