@@ -1443,7 +1443,7 @@ simulating recorded cells again with every task's time scaled
   weights -6% (one run). The read-ahead cells run again: lifelogging at 1 GiB
   +10% against Bulk (0.7) and against DeepEye (0.9), stochastic I at 512 MiB /
   0.9 +0.5%. The calibrated simulator's masa/bulk ratio is now within 15
-  points in all 32 card-bound cells (the six misses of single runs are gone).
+  points in all 32 card-bound cells (27 of 32 with the single runs before).
 - **Since 2026-11-26 a LOAD locks its cached pages before it reads the rest**
   (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it;
   the figures in this bullet are the first run of each; bullets below written
@@ -1687,9 +1687,9 @@ simulating recorded cells again with every task's time scaled
   where the CPU binds (33 of 39 counting each group of repeated cells as one
   experiment); the masa/bulk ratio is within 15 points in 32 of 32 where the
   card binds (since the card-bound cells were run again on the cached-first
-  code and averaged, first bullet; before, it missed in six: mixed with copied
-  weights at 1 GiB, three cells with Masa's read-ahead window, the two
-  lifelogging cells at 1 GiB) and 17 of 17 where the CPU binds (these counts
+  code and averaged, first bullet; before, it missed in five: mixed with
+  copied weights at 1 GiB, lifelogging at 1 GiB / 0.9, and three cells with
+  Masa's read-ahead window run before that code) and 17 of 17 where the CPU binds (these counts
   include the read-ahead rows). Where
   the card binds it used to miss lifelogging at 1 GiB (+50%), mixed with copied
   weights at 1 GiB (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21
