@@ -1712,8 +1712,8 @@ simulating recorded cells again with every task's time scaled
   issue's "mean response within 30%" is finer than one real run repeats there,
   and the simulator meets it against the mean of the repeats. Of the acceptance
   targets "every kill predicted" and the ratio within 15 points hold in every
-  cell; the mean within 30% holds in every run where the card binds and in 38 of
-  48 where the CPU binds (above)."""
+  cell; the mean within 30% holds in every run where the card binds and in 41 of
+  51 where the CPU binds (above)."""
 
 
 
