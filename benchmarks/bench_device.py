@@ -1447,9 +1447,14 @@ simulating recorded cells again with every task's time scaled
   is even (+0.5%). The calibrated simulator's masa/bulk ratio is now within 15
   points in 31 of 32 card-bound cells (27 of 32 with the single runs
   before); it misses mixed at 512 MiB / 0.9 with the read-ahead window by 16
-  points (Masa 12.2 s against Bulk's 10.6 s, simulated 12.0 s against 12.3 s:
-  with the window the real run re-reads files the simulated page cache keeps,
-  below).
+  points (Masa 12.2 s against Bulk's 10.6 s, simulated 12.0 s against 12.3 s).
+  There the simulator gets Masa's reads with the window right (2018 MiB
+  against 2034 real) and Bulk's wrong: the kernel still held 863 MiB of the
+  stage files at Bulk's LOADs, where the simulated LRU holds 513, so Bulk read
+  1751 MiB, not 2037. The same gap makes the simulated reads too high for
+  every unbounded policy in mixed at 512 MiB but DeepEye (2019-2037 MiB
+  simulated against 1642-2212 real at 0.7 and 0.9), evenly enough for Masa
+  and Bulk that their ratio holds.
 - **Since 2026-11-26 a LOAD locks its cached pages before it reads the rest**
   (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it;
   the figures in this bullet are the first run of each; bullets below written
