@@ -39,7 +39,6 @@ heap (otherwise 5-26 MiB of freed heap stays resident).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import mmap
 import os
@@ -50,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from masa.common.libc import LIBC, MAP_FAILED, MAP_SHARED, PROT_READ
 from masa.common.procmem import resident_pages
 
 DEFAULT_INTRA_OP_THREADS = 1
@@ -186,8 +186,8 @@ class LockedPages:
         # Forget the address first: unmapping twice could unmap whatever the kernel
         # has mapped there since (an interrupt may land between the two lines).
         address, self._address = self._address, None
-        if address is not None and _LIBC is not None:
-            _LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(self.size_bytes))
+        if address is not None and LIBC is not None:
+            LIBC.munmap(ctypes.c_void_p(address), ctypes.c_size_t(self.size_bytes))
 
     def __del__(self) -> None:  # a dropped holder must not keep memory locked
         self.unlock()
@@ -210,7 +210,7 @@ def lock_in(path: str | Path) -> LockedPages | None:
         return None
     if mapping.locked and _mlock(mapping.address, mapping.size_bytes):
         return LockedPages(mapping.address, mapping.size_bytes)
-    _LIBC.munmap(ctypes.c_void_p(mapping.address), ctypes.c_size_t(mapping.size_bytes))
+    LIBC.munmap(ctypes.c_void_p(mapping.address), ctypes.c_size_t(mapping.size_bytes))
     read_in(path)
     return None
 
@@ -250,17 +250,17 @@ class _Mapping:
 def _map_locking_cached(path: str | Path) -> _Mapping | None:
     """Map the file and lock the runs of its pages already in the page cache (mincore:
     no I/O). None where it cannot be mapped or libc lacks mlock."""
-    if _LIBC is None or not hasattr(_LIBC, "mlock"):
+    if LIBC is None or not hasattr(LIBC, "mlock"):
         return None
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0) if size else 0
+        address = LIBC.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0) if size else 0
     finally:
         os.close(fd)
     if size == 0:
         return _Mapping(0, 0, True, False)
-    if address is None or address == _MAP_FAILED:
+    if address is None or address == MAP_FAILED:
         return None
     resident = resident_pages(address, size)
     if resident is None:
@@ -272,7 +272,7 @@ def _map_locking_cached(path: str | Path) -> _Mapping | None:
 
 
 def _mlock(address: int, size_bytes: int) -> bool:
-    return _LIBC.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size_bytes)) == 0
+    return LIBC.mlock(ctypes.c_void_p(address), ctypes.c_size_t(size_bytes)) == 0
 
 
 def _touch_pages(view: mmap.mmap, size: int) -> None:
@@ -289,22 +289,6 @@ def warm_up(intra_op_threads: int = DEFAULT_INTRA_OP_THREADS) -> None:
     del session
     release_memory()
 
-
-def _load_libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-    except OSError:
-        return None
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long)
-    return libc
-
-
-_LIBC = _load_libc()
-_PROT_READ, _MAP_SHARED = 1, 1
-_MAP_FAILED = ctypes.c_void_p(-1).value
 
 # glibc mallopt(M_MMAP_THRESHOLD): setting it also turns off its dynamic growth.
 _M_MMAP_THRESHOLD = -3
@@ -339,9 +323,9 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     global _pinned_threshold_bytes
     if _pinned_threshold_bytes == threshold_bytes:
         return True
-    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+    if LIBC is None or not hasattr(LIBC, "mallopt"):
         return False
-    if _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold_bytes) != 1:
+    if LIBC.mallopt(_M_MMAP_THRESHOLD, threshold_bytes) != 1:
         return False
     _pinned_threshold_bytes = threshold_bytes
     return True
@@ -355,9 +339,9 @@ def keep_freed_heap(trim_threshold_bytes: int) -> bool:
     body read in 256 KiB pieces) fault their pages in afresh every time: a 600 KB
     POST took 2.4-3.4 ms instead of 1.5 ms in a bare aiohttp server (p50 of four
     and two runs)."""
-    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+    if LIBC is None or not hasattr(LIBC, "mallopt"):
         return False
-    return bool(_LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
+    return bool(LIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes) == 1)
 
 
 def release_memory(collect: bool = True) -> None:
@@ -369,5 +353,5 @@ def release_memory(collect: bool = True) -> None:
     """
     if collect:
         gc.collect()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    if LIBC is not None and hasattr(LIBC, "malloc_trim"):
+        LIBC.malloc_trim(0)

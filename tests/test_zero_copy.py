@@ -253,8 +253,8 @@ def test_hold_cached_locks_only_the_pages_already_cached_and_reads_nothing(
     with open(path, "rb") as handle:
         handle.read(MIB)
     calls: list[int] = []
-    real_mlock = session_module._LIBC.mlock
-    monkeypatch.setattr(session_module._LIBC, "mlock",
+    real_mlock = session_module.LIBC.mlock
+    monkeypatch.setattr(session_module.LIBC, "mlock",
                         lambda address, size: calls.append(size.value) or real_mlock(address, size))
     locked = lock_in(path)
     assert locked is not None and calls[-1] == 4 * MIB
@@ -278,7 +278,7 @@ def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(
 
     # Refused (RLIMIT_MEMLOCK, no CAP_IPC_LOCK): the file is read in all the same,
     # and nothing stays mapped.
-    monkeypatch.setattr(session_module._LIBC, "mlock", lambda address, size: -1)
+    monkeypatch.setattr(session_module.LIBC, "mlock", lambda address, size: -1)
     evict_files([path])
     assert lock_in(path) is None
     assert page_cache_bytes(path) == 3 * MIB

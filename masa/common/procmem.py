@@ -32,7 +32,6 @@ at a fake tree.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
+
+from masa.common.libc import LIBC, MAP_FAILED, MAP_SHARED, PROT_READ
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 PROC_ROOT = "/proc"
@@ -112,22 +113,6 @@ def process_memory_bytes(pid: int | None = None) -> dict[str, int]:
             "uss": info.uss, "pss": getattr(info, "pss", 0), "swap": getattr(info, "swap", 0)}
 
 
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long)
-        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _load_libc()
-_PROT_READ, _MAP_SHARED = 1, 1
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _RESIDENT_BIT = bytes(byte & 1 for byte in range(256))  # a translate() table
 
 
@@ -171,15 +156,15 @@ def page_cache_bytes(path: str | Path) -> int | None:
     cachestat takes about 0.2 ms for a 288 MiB file; mincore, the fallback for
     kernels before 6.5, about 8 ms (it fills a byte per page).
     """
-    if _LIBC is None:
+    if LIBC is None:
         return None
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         stat = _Cachestat()
         whole_file = _CachestatRange(0, 0)  # length 0: to the end of the file
-        if _LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole_file), ctypes.byref(stat),
-                         0) == 0:
+        if LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole_file), ctypes.byref(stat),
+                        0) == 0:
             return min(size, stat.nr_cache * _PAGE_BYTES)
         return _mincore_bytes(fd, size)
     finally:
@@ -201,10 +186,10 @@ def files_cached_bytes(paths: Iterable[str | Path]) -> tuple[int, int | None]:
 def resident_pages(address: int, size: int) -> bytes | None:
     """One byte per page of the mapping at `address` (`size` bytes long): 1 where the
     page is in memory, else 0 (mincore); None where mincore is missing or refused."""
-    if _LIBC is None:
+    if LIBC is None or not hasattr(LIBC, "mincore"):
         return None
     vector = (ctypes.c_ubyte * -(-size // _PAGE_BYTES))()
-    if _LIBC.mincore(address, size, vector) != 0:
+    if LIBC.mincore(address, size, vector) != 0:
         return None
     # Bit 0 of each byte: the page is resident (the other bits are reserved).
     return bytes(vector).translate(_RESIDENT_BIT)
@@ -213,14 +198,14 @@ def resident_pages(address: int, size: int) -> bytes | None:
 def _mincore_bytes(fd: int, size: int) -> int | None:
     if size == 0:
         return 0
-    address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
-    if address is None or address == _MAP_FAILED:
+    address = LIBC.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0)
+    if address is None or address == MAP_FAILED:
         return None
     try:
         pages = resident_pages(address, size)
         return None if pages is None else min(size, pages.count(1) * _PAGE_BYTES)
     finally:
-        _LIBC.munmap(address, size)
+        LIBC.munmap(address, size)
 
 
 # ---------------------------------------------------------------- memory cgroup
