@@ -513,6 +513,7 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
     record = {"key": cell.key, "policy": policy, **cell.__dict__, "jobs": len(prepared.jobs),
               "commit": _commit(), "profile": pin.fingerprint,
               "simulated_policy": ran_rule(policy, run.report or {}),
+              "cache_first": ran_cache_first(run.report or {}),
               "started": datetime.now(UTC).isoformat(timespec="seconds"),
               "wall_s": round(wall_s, 1), "load_before": round(load_before, 2),
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
@@ -521,19 +522,21 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "calibrated_cpu_load": calibrated_cpu_load(prepared, cell.workers, pin),
               "real": _stats(real)}
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
-        record.update(simulate(policy, prepared, device, base_bytes, cell, pin))
+        record.update(simulate(policy, prepared, device, base_bytes, cell, pin,
+                               cache_first=record["cache_first"]))
     return record
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cell: Cell, pin: Pin, scale: float = 1.0) -> dict[str, Any]:
+             cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True
+             ) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's tasks x its CPU factor (`Pin.simulator_cpu`,
     x `scale`), x the multiplier beside another task, and the executor's dispatch time
-    after every task)."""
+    after every task). `cache_first`: whether masa's cached-stages-first rule ran."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB,
-                           read_ahead_bytes=cell.read_ahead_bytes)
+                           read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     factors, shared = pin.simulator_cpu()
     # (side, CPU factor per network, multiplier beside another task, dispatch time)
@@ -735,7 +738,7 @@ def resimulate(args: argparse.Namespace) -> None:
             device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
             record.update(simulate(simulated_policy(record), prepared, device, base_bytes,
-                                   cell, pin))
+                                   cell, pin, cache_first=record.get("cache_first", False)))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -746,6 +749,13 @@ def ran_rule(policy: str, report: dict[str, Any]) -> str:
     if policy == "masa" and stats.get("batch_planning") == 0:
         return "masa-noplan"
     return policy
+
+
+def ran_cache_first(report: dict[str, Any]) -> bool:
+    """Whether a run's masa ordered its LOADs cached stages first (its report counts
+    them); runs recorded before that rule have no `cache_first` field: False."""
+    stats = report.get("meta", {}).get("policy_stats") or {}
+    return "cached_loads_ahead" in stats
 
 
 def simulated_policy(record: dict[str, Any]) -> str:
@@ -780,7 +790,8 @@ def sensitivity(args: argparse.Namespace) -> None:
                 means = []
                 for scale in SENSITIVITY_SCALES:
                     sim = simulate(simulated_policy(record), prepared, device, base_bytes,
-                                   cell, pin, scale)["simulated_cpu"]
+                                   cell, pin, scale,
+                                   cache_first=record.get("cache_first", False))["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",
@@ -836,6 +847,10 @@ def run_grid(args: argparse.Namespace) -> None:
     done = {(r["key"], r["policy"]) for r in results
             if not any(_names(prefix, r["key"]) for prefix in args.rerun)
             or r["commit"] == commit}
+    # --policies: the cells named by --rerun run again for these policies only (a
+    # change to one policy leaves the others' runs repeats of the same experiment).
+    done |= {(cell.key, policy) for cell in cells for policy in POLICIES
+             if policy not in args.policies and any(_names(p, cell.key) for p in args.rerun)}
     bases: dict[str, int] = {}
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
@@ -896,9 +911,11 @@ def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     averages and `runs_mean_ms` lists each repeat's mean (the rest is the latest run's)."""
     latest = records[-1]
     # Repeats of one experiment: the same policy rule too (`masa` before its batch plan
-    # is `masa-noplan`, simulated_policy).
+    # is `masa-noplan`, simulated_policy; before its cached-stages-first rule, one
+    # without `cache_first`).
     repeated = [r for r in records if r["started"] >= repeats_since(r)
                 and simulated_policy(r) == simulated_policy(latest)
+                and r.get("cache_first", False) == latest.get("cache_first", False)
                 and r["real"]["status"] == "finished" and r["real"]["mean_ms"] is not None]
     if len(repeated) < 2 or repeated[-1] is not latest:
         return latest
@@ -1774,6 +1791,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'; with a trailing "
                              "'|' only the cell of that key), unless "
                              "already run on this commit; the page shows the latest runs")
+    parser.add_argument("--policies", type=lambda t: [p for p in t.split(",") if p],
+                        default=list(POLICIES),
+                        help="with --rerun: run the named cells again for these policies "
+                             "only (comma-separated; default all three)")
     parser.add_argument("--doc-only", action="store_true",
                         help="re-render the page from the results file")
     parser.add_argument("--resimulate", action="store_true",

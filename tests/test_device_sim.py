@@ -10,6 +10,7 @@ from sched_graphs import chain_network, merge
 
 from masa.runtime.registry import make_policy
 from masa.runtime.virtual import DeviceModel, StageStorage, simulate_graph
+from masa.sched.policies import MasaPolicy
 from masa.sched.taskgraph import TaskGraph
 
 BASE = 1_000
@@ -235,3 +236,38 @@ def test_the_dispatch_time_holds_the_worker_but_not_the_tasks_recorded_end() -> 
     assert [e.end_us - e.start_us for e in schedule] == [100, 400, 100, 400]
     gaps = [b.start_us - a.end_us for a, b in zip(schedule[:-1], schedule[1:], strict=True)]
     assert gaps == [50, 50, 50], schedule
+
+
+def _cached_job_then_a_smaller_network() -> TaskGraph:
+    """Job 0 loads n0 (a 2 MB file); job 1 needs n0 again and n1, whose stage is
+    smaller in memory, so smallest-first loads n1 first."""
+    return merge([chain_network(0, 0, [100], load_us=100),
+                  chain_network(1, 0, [100], load_us=100, release_us=10 * MB),
+                  chain_network(1, 1, [50], load_us=100, release_us=10 * MB)])
+
+
+def test_masa_loads_a_stage_still_cached_before_a_smaller_one_that_would_evict_it() -> None:
+    """Room for 3 MB of page cache: reading n1's 2 MB first evicts 1 MB of n0, read
+    again by its LOAD; loading n0 first (cached) reads only n1."""
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB),
+              ("n1", "s0"): StageStorage(file_bytes=2 * MB)}
+    device = _device(BASE + 3 * MB + 200, stages)
+    graph = _cached_job_then_a_smaller_network()
+    smallest_first = simulate_graph(graph, policy=MasaPolicy(cache_first=False), workers=1,
+                                    memory_budget_bytes=10_000, device=device)
+    cached_first = simulate_graph(graph, policy=MasaPolicy(), workers=1,
+                                  memory_budget_bytes=10_000, device=device)
+    order = [e.task_id for e in sorted(cached_first.schedule, key=lambda e: e.start_us)
+             if e.task_id.startswith("j1/") and e.task_id.endswith("/load")]
+    assert order == ["j1/n0/s0/load", "j1/n1/s0/load"]
+    assert cached_first.device.bytes_read == 4 * MB
+    assert smallest_first.device.bytes_read > 4 * MB + MB // 2
+    assert cached_first.makespan_us < smallest_first.makespan_us
+    # Every file cached and room for all of them: the order is smallest-first's.
+    warm = DeviceModel(memory_cap_bytes=BASE + 5 * MB, runtime_base_bytes=BASE,
+                       read_bytes_per_s=MB, stages=stages, cold_cache=False)
+    assert ([e.task_id for e in simulate_graph(graph, policy=MasaPolicy(), workers=1,
+                                               memory_budget_bytes=10_000, device=warm).schedule]
+            == [e.task_id for e in simulate_graph(graph, policy=MasaPolicy(cache_first=False),
+                                                  workers=1, memory_budget_bytes=10_000,
+                                                  device=warm).schedule])

@@ -120,6 +120,7 @@ def test_masa_plans_no_batch_in_a_real_run_whose_stages_copy_their_weights(store
                             RealRunConfig(workers=2, memory_budget_bytes=64 * MIB))
     result = executor.run()
     assert set(result.group_status.values()) == {"done"}
+    assert result.policy_stats.pop("cached_loads_ahead") >= 0  # the page cache decides
     assert result.policy_stats == {"batch_planning": 0, "batch_plans_searched": 0,
                                    "batch_plans_reused": 0, "batch_plans_followed": 0}
     _assert_clean(graph, result, workers=2, budget_bytes=64 * MIB)

@@ -106,6 +106,25 @@ def test_a_load_counts_the_stage_files_it_finds_in_the_page_cache(
     stages.release(warm)
 
 
+def test_the_executor_tells_masa_which_stages_are_cached(fc_manifest: NetworkManifest) -> None:
+    """`cached_stage_keys` (what masa's cached-stages-first rule is told): a stage
+    counts once its files are in the page cache, and not once they are dropped."""
+    first, second = fc_manifest.stages
+    for stage in (first, second):
+        for path in fc_manifest.stage_files(stage):
+            drop_cached(path, write_back=True)
+    if page_cache_bytes(fc_manifest.stage_files(first)[0]) is None:
+        pytest.skip("neither cachestat(2) nor mincore(2) here: the page cache is unreadable")
+    stages = _Stages({"fc": fc_manifest}, intra_op_threads=1)
+    assert stages.cached_stage_keys() == set()
+    for path in fc_manifest.stage_files(second):
+        path.read_bytes()
+    assert stages.cached_stage_keys() == {("fc", second.stage_id)}
+    for path in fc_manifest.stage_files(second):
+        drop_cached(path)
+    assert stages.cached_stage_keys() == set()
+
+
 def _fc_store(tmp_path: Path) -> tuple[Path, Path]:
     """A store holding the fc network (mmap stages, not profiled) and a two-job workload."""
     store = tmp_path / "store"

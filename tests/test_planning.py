@@ -241,7 +241,8 @@ def test_masa_plans_no_batch_for_a_store_that_copies_its_weights() -> None:
     greedy = simulate_graph(instance.graph, policy=make_policy("masa-noplan"), workers=2,
                             memory_budget_bytes=instance.memory)
     assert policy.stats() == {"batch_planning": 0, "batch_plans_searched": 0,  # type: ignore[attr-defined]
-                              "batch_plans_reused": 0, "batch_plans_followed": 0}
+                              "batch_plans_reused": 0, "batch_plans_followed": 0,
+                              "cached_loads_ahead": 0}  # no device: no page cache known
     assert copied.schedule == greedy.schedule
 
 

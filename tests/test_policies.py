@@ -25,6 +25,7 @@ from masa.sched.core import (
     is_finished,
     new_state,
     select,
+    set_cached_stages,
 )
 from masa.sched.policies import MasaPolicy, _valid_top
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
@@ -412,6 +413,37 @@ def test_masa_read_ahead_window_forgets_the_stages_of_a_cancelled_network() -> N
     assert policy._ahead_bytes == 10
     cancel_group(state, "j0/n0", "test")
     assert policy._ahead_bytes == 0 and policy._ahead_by_exec == {}
+    assert [d.task_id for d in select(state)] == ["j0/n1/s0/load"]
+
+
+def test_masa_starts_a_cached_stage_before_a_smaller_uncached_one() -> None:
+    """Told which stages' files are in the page cache, masa loads those first (the
+    smallest of them); not told, or with the rule off, smallest-first decides."""
+    graph = merge([chain_network(0, 0, [30, 30]), chain_network(0, 1, [10])])
+
+    def first_load(policy: MasaPolicy, cached: set[tuple[str, str]] | None) -> str:
+        state = new_state(1, 1000, policy)
+        add_tasks(state, graph)
+        set_cached_stages(state, cached)
+        return select(state)[0].task_id
+
+    assert first_load(MasaPolicy(), None) == "j0/n1/s0/load"
+    assert first_load(MasaPolicy(), {("n0", "s1"), ("n0", "s0")}) == "j0/n0/s0/load"
+    assert first_load(MasaPolicy(cache_first=False), {("n0", "s0")}) == "j0/n1/s0/load"
+    assert first_load(MasaPolicy(), {("n1", "s0"), ("n0", "s0")}) == "j0/n1/s0/load"
+    # The paper's rule (masa-paper) knows no page cache.
+    paper = MasaPolicy(admission=False, headroom=False)
+    assert not paper.uses_cached_stages
+    assert first_load(paper, {("n0", "s0")}) == "j0/n1/s0/load"
+
+
+def test_masa_keeps_a_cached_stage_waiting_when_it_does_not_fit() -> None:
+    """The rule only reorders what may start: a cached stage larger than free memory
+    waits, and the smallest LOAD that fits starts."""
+    graph = merge([chain_network(0, 0, [900]), chain_network(0, 1, [10])])
+    state = new_state(1, 500, MasaPolicy())
+    add_tasks(state, graph)
+    set_cached_stages(state, {("n0", "s0")})
     assert [d.task_id for d in select(state)] == ["j0/n1/s0/load"]
 
 

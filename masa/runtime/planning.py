@@ -411,7 +411,8 @@ class PlanningPolicy(RankedPolicy):
 
     def stats(self) -> dict[str, int]:
         """For the report: plans made, decisions taken greedily while one was computed."""
-        return {"plans": self.plans, "greedy_picks": self.greedy_picks}
+        return {**MasaPolicy.stats(self), "plans": self.plans,
+                "greedy_picks": self.greedy_picks}
 
     def pick(self, state: SchedulerState) -> str | None:
         if self._pending is None and self._stale:
@@ -541,7 +542,7 @@ class BatchPlanningPolicy(MasaPolicy):
 
     def stats(self) -> dict[str, int]:
         """For the report: batch plans searched, reused by shape, followed."""
-        return {"batch_planning": int(self.plan_batches),
+        return {**MasaPolicy.stats(self), "batch_planning": int(self.plan_batches),
                 "batch_plans_searched": self.plans, "batch_plans_reused": self.plans_reused,
                 "batch_plans_followed": self.plans_followed}
 

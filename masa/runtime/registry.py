@@ -38,12 +38,13 @@ POLICY_FACTORIES: dict[str, Callable[[], Policy]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
 
 
-def make_policy(name: str, real_time: bool = False,
-                read_ahead_bytes: int | None = None, copied_weights: bool = False) -> Policy:
+def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None = None,
+                copied_weights: bool = False, cache_first: bool = True) -> Policy:
     """A fresh policy by name; an unknown name is a UserError. `read_ahead_bytes`
     bounds masa's read-ahead window (MasaPolicy); `copied_weights` (the store's LOADs
-    copy their weights, `weights_copied`) turns off masa's batch plan; the other
-    policies ignore both."""
+    copy their weights, `weights_copied`) turns off masa's batch plan; `cache_first`
+    False turns off masa's cached-stages-first rule; the other policies ignore all
+    three."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
@@ -52,9 +53,9 @@ def make_policy(name: str, real_time: bool = False,
     if factory is BatchPlanningPolicy:
         return BatchPlanningPolicy(planner=ThreadPlanner() if real_time else None,
                                    plan_batches=not copied_weights,
-                                   read_ahead_bytes=read_ahead_bytes)
-    if factory is MasaPolicy and read_ahead_bytes is not None:
-        return MasaPolicy(read_ahead_bytes=read_ahead_bytes)
+                                   read_ahead_bytes=read_ahead_bytes, cache_first=cache_first)
+    if factory is MasaPolicy:
+        return MasaPolicy(read_ahead_bytes=read_ahead_bytes, cache_first=cache_first)
     return factory()
 
 

@@ -68,6 +68,8 @@ class RunSettings:
     # unloaded first; the others are dropped at their unload (masa.runtime.pagecache).
     # None: the kernel alone decides. The simulator does not model it.
     keep_cached_bytes: int | None = None
+    # masa's cached-stages-first rule (MasaPolicy); off: smallest-first, as before it.
+    cache_first: bool = True
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -320,7 +322,8 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
               controller: ContextController | None,
               device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
     policy = make_policy(settings.policy, read_ahead_bytes=settings.read_ahead_bytes,
-                         copied_weights=weights_copied(prepared.manifests))
+                         copied_weights=weights_copied(prepared.manifests),
+                         cache_first=settings.cache_first)
     result = simulate_graph(prepared.graph, policy=policy, workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
                             driver_options={"context": controller}, device=device)
@@ -355,7 +358,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       intra_op_threads=settings.intra_op_threads,
                       keep_outputs=settings.keep_outputs,
                       read_ahead_bytes=settings.read_ahead_bytes,
-                      keep_cached_bytes=settings.keep_cached_bytes),
+                      keep_cached_bytes=settings.keep_cached_bytes,
+                      cache_first=settings.cache_first),
         context=controller,
     )
     executor.driver.observers.extend(observers)

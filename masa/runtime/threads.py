@@ -80,6 +80,7 @@ from masa.sched.core import (
     OverCommit,
     SchedulerState,
     new_state,
+    set_cached_stages,
     unfinished_task_ids,
 )
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
@@ -124,6 +125,7 @@ class RealRunConfig:
     heap_slack_bytes: int = 0
     read_ahead_bytes: int | None = None  # masa's read-ahead window (None: memory bounds it)
     keep_cached_bytes: int | None = None  # stage files kept cached (masa.runtime.pagecache)
+    cache_first: bool = True  # masa's cached-stages-first rule (MasaPolicy)
 
 
 @dataclass
@@ -199,6 +201,15 @@ SAMPLE_PERIOD_S = 0.002
 # window instead (measured: 1-2 MiB of one-off growth in a fresh process's first
 # jobs that readings during execution missed; tests/test_fidelity.py).
 UNMODELLED_WINDOW_US = 1_000_000
+
+# masa's cached-stages-first rule (MasaPolicy) is told which stages' files are in
+# the page cache: probed again at most this often (stat and cachestat of every
+# stage file: 3.3 ms for the scale-1 zoo's 119 stages, so 1.3% of the loop's
+# thread; storage reads evict on a scale of seconds), and a stage whose LOAD
+# ended counts as cached at once. A stage counts as cached when at most
+# CACHED_MISSING_FRACTION of its files' bytes are missing (page rounding).
+CACHE_PROBE_INTERVAL_US = 250_000
+CACHED_MISSING_FRACTION = 0.01
 
 
 class _ResidentMeter:
@@ -416,6 +427,19 @@ class _Stages:
                 self.tensors.pop((opener.group, tensor.name), None)
         return False
 
+    def cached_stage_keys(self) -> set[tuple[str, str]] | None:
+        """The stages, as (network, stage_id), whose files are in the page cache now;
+        None where the page cache cannot be read."""
+        cached: set[tuple[str, str]] = set()
+        for (network, stage_id), stage in self.stages.items():
+            file_bytes, cached_bytes = files_cached_bytes(
+                self.manifests[network].stage_files(stage))
+            if cached_bytes is None:
+                return None
+            if file_bytes - cached_bytes <= CACHED_MISSING_FRACTION * file_bytes:
+                cached.add((network, stage_id))
+        return cached
+
     def _count_found_cached(self, paths: Sequence[Path]) -> None:
         """Count the LOAD's files and how much of them it finds in the page cache: the
         rest comes from storage (the simulator's DeviceBackend predicts the same)."""
@@ -474,6 +498,9 @@ class ThreadBackend:
         self.start_s = clock()
         self.meter = _ResidentMeter(self.stages.stage_file_bytes)
         self.decision_measured_bytes: int | None = None  # taken by before_select
+        # When the page cache is probed next for `cached_stages` (None: never again).
+        self.cache_probe_due_us: int | None = 0
+        self.cached_stages: set[tuple[str, str]] | None = None  # the state's, updated here
         self.pending_unload = False
         self.last_unmodelled_bytes: int | None = None  # at the last decision (measured)
         # Unmodelled memory a trim left (or less, read since with nothing running)
@@ -580,6 +607,14 @@ class ThreadBackend:
     def before_select(self, state: SchedulerState) -> None:
         if state.running_count == 0:
             self.meter.tasks_running(False)
+        if self.cache_probe_due_us is not None and self.now_us() >= self.cache_probe_due_us:
+            if getattr(state.policy, "uses_cached_stages", False):
+                self.cached_stages = self.stages.cached_stage_keys()
+                set_cached_stages(state, self.cached_stages)
+                self.cache_probe_due_us = (None if self.cached_stages is None
+                                           else self.now_us() + CACHE_PROBE_INTERVAL_US)
+            else:
+                self.cache_probe_due_us = None  # a policy that never asks
         if self.config.memory_source == "measured":
             # Shrink the budget the core sees by memory held outside its model. This
             # reading is also the decision's sample (measured_bytes), one statm read.
@@ -640,6 +675,8 @@ class ThreadBackend:
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
         self.stages.run_options.pop(task.task_id, None)
+        if ok and task.kind is TaskKind.LOAD and self.cached_stages is not None:
+            self.cached_stages.add((task.network, task.stage_id))  # just read: cached
         if ok and task.kind is TaskKind.EXEC and group_active:
             self._collect_outputs(task)
 
@@ -749,7 +786,8 @@ class RealExecutor:
             config.workers, config.memory_budget_bytes,
             make_policy(config.policy, real_time=config.plan_in_background,
                         read_ahead_bytes=config.read_ahead_bytes,
-                        copied_weights=weights_copied(manifests)))
+                        copied_weights=weights_copied(manifests),
+                        cache_first=config.cache_first))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,

@@ -40,6 +40,7 @@ from masa.sched.core import (
     SchedulerState,
     gate_group,
     new_state,
+    set_cached_stages,
 )
 from masa.sched.core import unfinished_task_ids as _unfinished
 from masa.sched.policies import MasaPolicy
@@ -186,6 +187,7 @@ class _PageCache:
         self.files: OrderedDict[tuple[str, str], int] = OrderedDict()  # key -> cached bytes
         self.pins: dict[tuple[str, str], int] = {}
         self.cached_bytes = 0
+        self.whole: set[tuple[str, str]] = set()  # files wholly cached (cached_stages)
 
     def missing_bytes(self, key: tuple[str, str], size: int) -> int:
         return max(0, size - self.files.get(key, 0))
@@ -193,6 +195,7 @@ class _PageCache:
     def touch(self, key: tuple[str, str], size: int) -> None:
         self.cached_bytes += size - self.files.pop(key, 0)
         self.files[key] = size
+        self.whole.add(key)
 
     def shrink_to(self, room_bytes: int) -> None:
         """Evict unpinned files' bytes, least recently used first, until they fit
@@ -205,6 +208,7 @@ class _PageCache:
                 continue
             evicted = min(excess, self.files[key])
             self.cached_bytes -= evicted
+            self.whole.discard(key)
             if evicted == self.files[key]:
                 del self.files[key]
             else:
@@ -311,6 +315,8 @@ class DeviceBackend(VirtualBackend):
 
     def before_select(self, state: SchedulerState) -> None:
         self._state = state
+        if state.cached_stages is None and getattr(state.policy, "uses_cached_stages", False):
+            set_cached_stages(state, self.cache.whole)  # the same set, kept up to date
 
     def measured_bytes(self) -> int | None:
         """Called after every dispatch: the moment memory grows. Checks the cap."""

@@ -28,7 +28,7 @@ dispatch of a memory-oblivious policy, or a "violation" otherwise).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -227,6 +227,10 @@ class SchedulerState:
     open_count: int = 0  # tasks not yet ended, over all groups
     over_commits: list[OverCommit] = field(default_factory=list)
     events: CoreEvents = field(default_factory=CoreEvents)
+    # Stages, as (network, stage_id), whose files the backend found in the page cache
+    # before this decision (a LOAD of them reads no storage); None: not known. Set by
+    # the backend when the policy asks for it (`uses_cached_stages`); read-only here.
+    cached_stages: Set[tuple[str, str]] | None = None
 
 
 def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> SchedulerState:
@@ -242,6 +246,11 @@ def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> Schedul
         policy=policy,
         free_workers=list(range(workers)),
     )
+
+
+def set_cached_stages(state: SchedulerState, stages: Set[tuple[str, str]] | None) -> None:
+    """What the backend found in the page cache before a decision (`cached_stages`)."""
+    state.cached_stages = stages
 
 
 def _set_state(info: TaskInfo, new: TaskState) -> None:

@@ -111,6 +111,18 @@ class MasaPolicy:
     interleaving every job's small tasks, which stretched every job
     (docs/bench-compare.md). Jobs are told apart by Task.job_id.
 
+    Cached stages first, on by default with our other rules (`cache_first`):
+    where the backend tells which stages' files are in the page cache
+    (`SchedulerState.cached_stages`: the real executor probes them, a simulated
+    device knows its model of the cache), a LOAD of a cached stage that may start
+    (admission and headroom kept) goes before the smallest LOAD, the smallest
+    such first. On a device whose storage is slow, a job's stages still cached
+    from an earlier job are otherwise read again: smallest-first loads the job's
+    uncached stages first, and their reads evict the cached ones before their
+    turn (docs/scheduling.md, "Cached stages first"). Where every stage is cached
+    (or nothing is known) the order is smallest-first, unchanged; the job order,
+    when engaged, still decides first.
+
     A read-ahead window, off by default (`read_ahead_bytes`, issue 14): the
     resident bytes of stages whose LOAD has started and whose EXEC has not may
     not exceed it, except that one stage may always be loaded ahead (a stage
@@ -127,13 +139,20 @@ class MasaPolicy:
 
     def __init__(self, admission: bool = True, headroom: bool = True,
                  job_order: bool | None = None, ageing: float = JOB_AGEING,
-                 queue_jobs: int | None = None, read_ahead_bytes: int | None = None) -> None:
+                 queue_jobs: int | None = None, read_ahead_bytes: int | None = None,
+                 cache_first: bool | None = None) -> None:
         if read_ahead_bytes is not None and read_ahead_bytes < 0:
             raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
         self.admission = admission
         self.headroom = headroom
         # None: our job order comes with our other rules (masa), not with the paper's.
         self.job_order = admission if job_order is None else job_order
+        # The backend probes the page cache only for a policy that uses it.
+        self.uses_cached_stages = admission if cache_first is None else cache_first
+        # Ready LOADs by stage, (network, stage_id) -> heap of entries as in _loads.
+        self._loads_by_stage: dict[tuple[str, str], list[_Entry]] = {}
+        self._stage_entries = 0  # entries in them, stale ones included
+        self.cached_loads_ahead = 0  # LOADs the rule started before a smaller one
         self.ageing = ageing
         self.queue_jobs = queue_jobs  # None: workers + 1
         self._job_work_us: dict[int, int] = {}  # profiled work of the job's open tasks
@@ -173,6 +192,12 @@ class MasaPolicy:
             heap = self._loads
         entry = (info.footprint_bytes, task.order, task.task_id, info.ready_epoch)
         heapq.heappush(heap, entry)
+        if self.uses_cached_stages and heap is not self._execs:
+            heapq.heappush(self._loads_by_stage.setdefault((task.network, task.stage_id), []),
+                           entry)
+            self._stage_entries += 1
+        if self.job_order or self.uses_cached_stages:
+            self._compact(state)
         if self.job_order:
             # Shortest remaining job work first, aged by arrival: comparing
             # work_a - ageing * (now - release_a) with b's is comparing
@@ -182,15 +207,23 @@ class MasaPolicy:
             key = self._job_work_us.get(job, 0) + self.ageing * task.release_us
             heapq.heappush(self._execs_by_job if heap is self._execs else self._loads_by_job,
                            (key, *entry))
-            self._compact(state)
 
     def _compact(self, state: SchedulerState) -> None:
         heaps = ("_execs", "_loads", "_fresh", "_execs_by_job", "_loads_by_job")
-        if sum(len(getattr(self, name)) for name in heaps) <= self._compact_at:
+        if (sum(len(getattr(self, name)) for name in heaps) + self._stage_entries
+                <= self._compact_at):
             return
         for name in heaps:
             setattr(self, name, _still_ready(state, getattr(self, name)))
-        self._compact_at = max(1024, 4 * sum(len(getattr(self, name)) for name in heaps))
+        for stage, stage_heap in list(self._loads_by_stage.items()):
+            kept = _still_ready(state, stage_heap)
+            if kept:
+                self._loads_by_stage[stage] = kept
+            else:
+                del self._loads_by_stage[stage]
+        self._stage_entries = sum(len(stage_heap) for stage_heap in self._loads_by_stage.values())
+        self._compact_at = max(1024, 4 * (sum(len(getattr(self, name)) for name in heaps)
+                                          + self._stage_entries))
 
     def on_started(self, state: SchedulerState, info: TaskInfo) -> None:
         task = info.task
@@ -280,6 +313,10 @@ class MasaPolicy:
         # First, as it moves LOADs of networks started meanwhile into self._loads.
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
+        if state.cached_stages and self.uses_cached_stages:
+            chosen = self._pick_cached(state, free_bytes, load_top, fresh_top)
+            if chosen is not None:
+                return chosen
         load_fits = load_top is not None and self._load_fits(
             state, load_top[-2], load_top[0], free_bytes, 0)
         # Admission: a network starts only if the smallest waiting LOAD of the
@@ -299,6 +336,41 @@ class MasaPolicy:
             if fresh_top is not None:
                 return heapq.heappop(self._fresh)[-2]
         return None
+
+    def _pick_cached(self, state: SchedulerState, free_bytes: int,
+                     load_top: _Entry | None, fresh_top: _Entry | None) -> str | None:
+        """The smallest ready LOAD of a cached stage that may start now (a network's
+        first LOAD keeps room for the smallest LOAD of the started ones, as
+        admission does); None if there is none. Costs O(cached stages with ready
+        LOADs), not O(ready tasks)."""
+        cached = state.cached_stages
+        assert cached is not None
+        by_stage = self._loads_by_stage
+        smaller, larger = (by_stage, cached) if len(by_stage) <= len(cached) else (cached, by_stage)
+        stages = [stage for stage in smaller if stage in larger]
+        candidates = []
+        for stage in stages:
+            top = _valid_top(state, by_stage[stage])
+            if top is None:
+                del by_stage[stage]
+            else:
+                candidates.append((top, stage))
+        for top, stage in sorted(candidates):
+            task_id = top[-2]
+            fresh = (self.admission
+                     and state.groups[state.tasks[task_id].task.group].started_count == 0)
+            reserve_bytes = 0 if not fresh or load_top is None else load_top[0]
+            if self._load_fits(state, task_id, top[0], free_bytes, reserve_bytes):
+                heapq.heappop(by_stage[stage])
+                smallest = min((e for e in (load_top, fresh_top) if e is not None),
+                               default=top)
+                self.cached_loads_ahead += top > smallest
+                return task_id
+        return None
+
+    def stats(self) -> dict[str, int]:
+        """For the report: LOADs of cached stages started before a smaller one."""
+        return {"cached_loads_ahead": self.cached_loads_ahead} if self.uses_cached_stages else {}
 
     def _pick_by_job(self, state: SchedulerState, free_bytes: int) -> str | None:
         """The EXEC, else the LOAD, of the most urgent job that has one, if it fits
