@@ -314,9 +314,15 @@ class MasaPolicy:
         fresh_top = self._fresh_top(state) if self.admission else None
         load_top = _valid_top(state, self._loads)
         if state.cached_stages and self.uses_cached_stages:
-            chosen = self._pick_cached(state, free_bytes, load_top, fresh_top)
-            if chosen is not None:
-                return chosen
+            # Only when the smallest LOAD must read storage: where it is cached (every
+            # stage is, where the page cache holds the store), smallest-first decides
+            # as before, without the scan.
+            smallest = min((e for e in (load_top, fresh_top) if e is not None), default=None)
+            task = None if smallest is None else state.tasks[smallest[-2]].task
+            if task is not None and (task.network, task.stage_id) not in state.cached_stages:
+                chosen = self._pick_cached(state, free_bytes, load_top, fresh_top)
+                if chosen is not None:
+                    return chosen
         load_fits = load_top is not None and self._load_fits(
             state, load_top[-2], load_top[0], free_bytes, 0)
         # Admission: a network starts only if the smallest waiting LOAD of the
@@ -342,7 +348,7 @@ class MasaPolicy:
         """The smallest ready LOAD of a cached stage that may start now (a network's
         first LOAD keeps room for the smallest LOAD of the started ones, as
         admission does); None if there is none. Costs O(cached stages with ready
-        LOADs), not O(ready tasks)."""
+        LOADs), not O(ready tasks); called only when the smallest LOAD is not cached."""
         cached = state.cached_stages
         assert cached is not None
         by_stage = self._loads_by_stage
