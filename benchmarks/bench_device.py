@@ -1361,10 +1361,10 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "files are in the page cache before smaller ones that must be read "
         "(docs/scheduling.md, \"Cached stages first\"; records with `cache_first`). The "
         "card-bound cells of the 512 MiB-1 GiB columns and mixed with copied weights were "
-        "run again for Masa with it twice each (48ca3e9, 66479e5), stochastic I with "
-        "copied weights once. The page shows their average, the simulation with the "
-        "rule, and the baselines' runs from before, whose code the change left as it "
-        "was. The CPU-bound cells keep the Masa of before (this "
+        "run again for Masa with it twice each (48ca3e9, 66479e5; both cells with copied "
+        "weights once more on 8960457, which changed no code). The page shows their "
+        "average, the simulation with the rule, and the baselines' runs from before, "
+        "whose code the change left as it was. The CPU-bound cells keep the Masa of before (this "
         "machine's CPU ran 1.9-2.2x slower than the profile on 2026-11-27); in their "
         "simulation the rule changes nothing.",
         "",
@@ -1469,7 +1469,7 @@ simulating recorded cells again with every task's time scaled
     33.1 s (512 MiB / 0.9, -34%), 15.9 s against 18.7 s (1 GiB / 0.7, -15%) and
     15.1 s against 20.8 s (1 GiB / 0.9, -28%);
   - stochastic I: -1% to -7% (20 one-network jobs, little to reorder), and -4%
-    with copied weights at 1 GiB (one run).
+    with copied weights at 1 GiB (two runs).
 
   Before the rule, Masa ranged from 20% ahead of the best baseline to 3% behind
   it in these cells (bullet below). The two runs of a cell agree within 7%
@@ -1481,13 +1481,14 @@ simulating recorded cells again with every task's time scaled
   lifelogging at 1 GiB 12.0 s, stochastic II 15.2-22.3 s) before they ran. Its
   masa/bulk ratio is within 5 points in mixed, lifelogging and stochastic II,
   and within 7 in stochastic I.
-  Over the 31 runs, Masa's peak reservation stayed at or under 0.98 of its
+  Over the 33 runs, Masa's peak reservation stayed at or under 0.98 of its
   budget, with no over-commit and no kill. The cgroup's peak is the cap, as
   always: the page cache fills the rest.
-  With copied weights at 1 GiB, mixed took 11.1 s, then 9.5 s, against
-  DeepEye's 9.9 s: +3% averaged (it was +10% over three runs before). There a
-  copied stage's weights leave the page cache little room to keep the next
-  job's files, whatever the order.
+  With copied weights at 1 GiB, mixed took 11.1, 9.5 and 9.2 s (three runs,
+  the third on 8960457), 9.9 s on average against DeepEye's 9.9 s: a tie
+  (-0.2%), where it was +10% over three runs before. There a copied stage's
+  weights leave the page cache little room to keep the next job's files,
+  whatever the order, and one run moves by 20%.
   The paper's figure is -30% at 512 MiB; we measure -21% to -34% there in
   mixed, lifelogging and stochastic II.
 - **The card-bound cells, twice on the cached-first code** (2026-11-26/27,
