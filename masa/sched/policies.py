@@ -320,7 +320,7 @@ class MasaPolicy:
             smallest = min((e for e in (load_top, fresh_top) if e is not None), default=None)
             task = None if smallest is None else state.tasks[smallest[-2]].task
             if task is not None and (task.network, task.stage_id) not in state.cached_stages:
-                chosen = self._pick_cached(state, free_bytes, load_top, fresh_top)
+                chosen = self._pick_cached(state, free_bytes, load_top)
                 if chosen is not None:
                     return chosen
         load_fits = load_top is not None and self._load_fits(
@@ -344,7 +344,7 @@ class MasaPolicy:
         return None
 
     def _pick_cached(self, state: SchedulerState, free_bytes: int,
-                     load_top: _Entry | None, fresh_top: _Entry | None) -> str | None:
+                     load_top: _Entry | None) -> str | None:
         """The smallest ready LOAD of a cached stage that may start now (a network's
         first LOAD keeps room for the smallest LOAD of the started ones, as
         admission does); None if there is none. Costs O(cached stages with ready
@@ -368,9 +368,7 @@ class MasaPolicy:
             reserve_bytes = 0 if not fresh or load_top is None else load_top[0]
             if self._load_fits(state, task_id, top[0], free_bytes, reserve_bytes):
                 heapq.heappop(by_stage[stage])
-                smallest = min((e for e in (load_top, fresh_top) if e is not None),
-                               default=top)
-                self.cached_loads_ahead += top > smallest
+                self.cached_loads_ahead += 1  # the smallest LOAD is uncached: this one is larger
                 return task_id
         return None
 
