@@ -175,3 +175,32 @@ def test_a_simulation_says_it_does_not_model_keep_cached(
     assert masa_main(["run", str(workload), "--store", str(store), "--simulate",
                       "--keep-cached", "1MiB"]) == 0
     assert "--keep-cached: a simulation does not model it" in caplog.text
+
+
+def test_the_executor_probes_the_page_cache_only_when_a_task_can_start(
+        fc_manifest: NetworkManifest) -> None:
+    """The probe (every stage file's cachestat) runs only for a decision that can start
+    a task: not with nothing waiting (an idle daemon), not with every worker busy."""
+    from masa.runtime.registry import make_policy
+    from masa.runtime.threads import RealRunConfig, ThreadBackend
+    from masa.sched.core import add_tasks, finish, new_state, select
+    from masa.sched.taskgraph import TaskGraph
+
+    now_s = [0.0]
+    backend = ThreadBackend({"fc": fc_manifest}, lambda *args: {},
+                            RealRunConfig(workers=1, memory_budget_bytes=2**30),
+                            clock=lambda: now_s[0])
+    state = new_state(1, 2**30, make_policy("masa"))
+    backend.before_select(state)
+    assert state.cached_stages is None  # nothing waits: no probe
+    add_tasks(state, TaskGraph(tuple(_loads(fc_manifest, 0))))
+    (started,) = select(state)  # the only worker is busy now, one LOAD waits
+    now_s[0] = 1.0
+    backend.before_select(state)
+    assert state.cached_stages is None
+    finish(state, started.task_id)  # the worker is free again
+    backend.before_select(state)
+    if page_cache_bytes(fc_manifest.stage_files(fc_manifest.stages[0])[0]) is None:
+        assert state.cached_stages is None  # the page cache is unreadable here
+    else:
+        assert state.cached_stages is not None

@@ -203,11 +203,12 @@ SAMPLE_PERIOD_S = 0.002
 UNMODELLED_WINDOW_US = 1_000_000
 
 # masa's cached-stages-first rule (MasaPolicy) is told which stages' files are in
-# the page cache: probed again at most this often (stat and cachestat of every
-# stage file: 3.3 ms for the scale-1 zoo's 119 stages, so 1.3% of the loop's
-# thread; storage reads evict on a scale of seconds), and a stage whose LOAD
-# ended counts as cached at once. A stage counts as cached when at most
-# CACHED_MISSING_FRACTION of its files' bytes are missing (page rounding).
+# the page cache: probed again at most this often, and only for a decision that can
+# start a task (stat and cachestat of every stage file: 3.3 ms for the scale-1
+# zoo's 119 stages, so at most 1.3% of the loop's thread; storage reads evict on a
+# scale of seconds), and a stage whose LOAD ended counts as cached at once. A stage
+# counts as cached when at most CACHED_MISSING_FRACTION of its files' bytes are
+# missing (page rounding).
 CACHE_PROBE_INTERVAL_US = 250_000
 CACHED_MISSING_FRACTION = 0.01
 
@@ -607,7 +608,11 @@ class ThreadBackend:
     def before_select(self, state: SchedulerState) -> None:
         if state.running_count == 0:
             self.meter.tasks_running(False)
-        if self.cache_probe_due_us is not None and self.now_us() >= self.cache_probe_due_us:
+        # Probed only when the decision can start a task: with every worker busy or
+        # nothing waiting (an idle daemon), the answer would go unused.
+        if (self.cache_probe_due_us is not None and state.free_workers
+                and state.open_count > state.running_count
+                and self.now_us() >= self.cache_probe_due_us):
             if getattr(state.policy, "uses_cached_stages", False):
                 self.cached_stages = self.stages.cached_stage_keys()
                 set_cached_stages(state, self.cached_stages)
