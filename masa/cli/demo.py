@@ -286,12 +286,14 @@ def _describe_device(plan: EmulationPlan, base_bytes: int, budget_bytes: int,
           f"(measured) + budget {format_bytes(budget_bytes)} + "
           f"{format_bytes(device.memory_cap_bytes - base_bytes - budget_bytes)} headroom; "
           f"storage reads {'unthrottled' if not read else f'{read / 1e6:g} MB/s'}, "
-          f"{'cold' if device.cold_cache else 'warm'} page cache, {cpus} CPUs, no swap.")
+          f"{'cold' if device.cold_cache else 'warm'} page cache, {device.cores} cores "
+          f"(run on {cpus} CPUs), no swap.")
     print("Emulated: the cap (a memory cgroup: whoever exceeds it is killed, as on a "
           "board without swap), the storage bandwidth (a blkio throttle on the store's "
           "disk), a cold page cache (the store's files evicted before the first job), the "
-          "CPU count. Not emulated: the CPU's speed (a Pi's cores are several times slower "
-          "than this machine's), thermal throttling, the board's kernel. Stages are sliced "
+          "CPU count (a CPU set, at most this machine's). Not emulated: the CPU's speed (a "
+          "Pi's cores are several times slower than this machine's), thermal throttling, "
+          "the board's kernel. Stages are sliced "
           f"at {format_bytes(stage_bytes)} of weights and copy their weights into "
           "memory, so the cap binds on them (zero-copy stages would be evicted and read "
           "again instead: a thrash, not a kill).\n")

@@ -549,7 +549,7 @@ def format_emulation(report: Mapping[str, Any]) -> str:
     emulation = report["emulation"]
     device = emulation["device"]
     throttle = device["read_bytes_per_s"]
-    cpus = f" on CPUs {device['cpus']}" if device.get("cpus") else ""  # what the run had
+    cpus = f" (run on CPUs {device['cpus']})" if device.get("cpus") else ""  # what the run had
     head = (f"device {device['name']}: cap {_size(device['memory_cap_bytes'])}, "
             f"reads {'unthrottled' if not throttle else f'{throttle / 1e6:g} MB/s'}, "
             f"swap {_size(device['swap_bytes'])}, {device['cores']} cores{cpus}, "
