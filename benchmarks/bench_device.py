@@ -1694,7 +1694,19 @@ simulating recorded cells again with every task's time scaled
   pages of stages already run are page cache the kernel drops and reads again,
   and Bulk's whole networks fit at scale 1. With copied weights every policy,
   Masa included, was killed in mixed at 512 MiB, since EmotionNet's fc6 needs
-  576 MiB to load.
+  576 MiB to load. Sliced for the budget (`masa prepare --target-memory 512MiB`,
+  the store of docs/bench-compare.md's sliced grid: fc6 in three 96 MiB stages),
+  the same cell's jobs ran to the end under every policy (2026-11-27, a8314ea,
+  two runs each, a `/tmp` script over `run_policy`; the records are in
+  docs/bench-data/device-mixed-512-sliced.jsonl, not in the results file):
+  Masa 15.7 and 15.8 s with 450 MiB reserved and no over-commit; Bulk 15.9 and
+  16.1 s and DeepEye 15.7 and 15.7 s, which reserved 539 and 515 MiB (four
+  dispatches past the budget each) and were not killed. Every policy read every
+  stage file for every job (2550 MiB, 4 x 638 MiB: 15.2 s of each job's 15.7 s
+  at 44 MB/s), so the order cannot matter there: a tie (Masa +0.1% against
+  DeepEye, -1.7% against Bulk). The simulator predicted Masa's mean within 2%
+  (15.5 s) but both baselines killed: it counts their reservations, which hold
+  a copied LOAD's peak for the whole LOAD, as memory in use.
 - **Where the CPU binds** (small at every budget, mixed at 1 and 2 GiB,
   lifelogging and stochastic I and II at 2 GiB, heavy, light: the stage files stay
   cached after their first read), means Masa / Bulk / DeepEye over 60 s, averaged
