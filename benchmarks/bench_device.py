@@ -1480,7 +1480,7 @@ simulating recorded cells again with every task's time scaled
   1593 MiB against 1386-1388; the others within 5%).
   Masa reads less: in mixed at 512 MiB 1253 MiB against 1689 before, in
   lifelogging at 1 GiB 1387 against 2070-2095, in stochastic II at 1 GiB / 0.9
-  2306 against 2838.
+  2259-2306 against 2838.
   The calibrated simulator predicted these means within 10% (mixed 8.3 s,
   lifelogging at 1 GiB 12.0 s, stochastic II 15.2-22.3 s) before they ran. Its
   masa/bulk ratio is within 5 points in mixed, lifelogging and stochastic II,

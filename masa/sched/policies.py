@@ -151,7 +151,9 @@ class MasaPolicy:
         self.uses_cached_stages = admission if cache_first is None else cache_first
         # Ready LOADs by stage, (network, stage_id) -> heap of entries as in _loads.
         self._loads_by_stage: dict[tuple[str, str], list[_Entry]] = {}
-        self._stage_entries = 0  # entries in them, stale ones included
+        # An upper bound on the entries in them (pops are not counted off, stale
+        # ones included): it only decides when _compact recounts.
+        self._stage_entries = 0
         self.cached_loads_ahead = 0  # LOADs the rule started before a smaller one
         self.ageing = ageing
         self.queue_jobs = queue_jobs  # None: workers + 1
