@@ -6,12 +6,14 @@ DeviceModel; durations are virtual microseconds, so exact figures are asserted.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sched_graphs import chain_network, merge
 
 from masa.runtime.registry import make_policy
 from masa.runtime.virtual import DeviceModel, StageStorage, simulate_graph
 from masa.sched.policies import MasaPolicy
-from masa.sched.taskgraph import TaskGraph
+from masa.sched.taskgraph import TaskGraph, TaskKind
 
 BASE = 1_000
 MB = 1_000_000
@@ -91,6 +93,42 @@ def test_a_policy_that_exceeds_the_cap_is_predicted_killed_with_the_jobs_before(
     assert masa.device.killed_at_us is None
     assert masa.device.peak_anonymous_bytes <= cap
     assert [job for job, _ in masa.device.jobs_finished_before_kill] == [0, 1]
+
+
+def _copied_loads(transient_bytes: int, networks: int = 2) -> TaskGraph:
+    """`networks` one-stage networks arriving together; each LOAD holds 1000 resident
+    bytes and, while it runs, `transient_bytes` more (a copied stage's parse)."""
+    graph = merge([chain_network(n, n, [1_000]) for n in range(networks)])
+    tasks = tuple(replace(task, memory_bytes=transient_bytes)
+                  if task.kind is TaskKind.LOAD else task for task in graph.tasks)
+    return replace(graph, tasks=tasks)
+
+
+def test_a_load_uses_its_transient_memory_once_its_read_has_ended() -> None:
+    """Two cold LOADs share one storage: the second reads while the first parses, so
+    their transients never coincide and the run fits a cap the ledger's sum exceeds.
+    Warm, both parse at once and are predicted killed at their start."""
+    stages = {(f"n{n}", "s0"): StageStorage(file_bytes=1_000) for n in range(2)}
+    cap = BASE + 3_500  # the ledger: 2 x (1000 resident + 1000 transient)
+    cold = simulate_graph(_copied_loads(1_000), workers=2, memory_budget_bytes=5_000,
+                          device=_device(cap, stages, read=MB))
+    assert cold.peak_reserved_bytes == 4_000
+    # reads [0, 1000) and [1000, 2000) us; the first LOAD's parse ends at 1100
+    assert _durations(cold, "load") == [1_100, 2_100]
+    assert cold.device.killed_at_us is None
+    assert cold.device.peak_anonymous_bytes == BASE + 3_000
+    warm = simulate_graph(_copied_loads(1_000), workers=2, memory_budget_bytes=5_000,
+                          device=DeviceModel(cap, BASE, MB, stages, cold_cache=False))
+    assert warm.device.killed_at_us == 0
+
+
+def test_a_load_whose_peak_exceeds_the_cap_is_killed_when_its_read_ends() -> None:
+    stages = {("n0", "s0"): StageStorage(file_bytes=1_000)}
+    result = simulate_graph(_copied_loads(3_000, networks=1), workers=1,
+                            memory_budget_bytes=5_000,
+                            device=_device(BASE + 2_500, stages, read=MB))
+    assert result.device.killed_at_us == 1_000
+    assert result.device.jobs_finished_before_kill == []
 
 
 def test_mapped_weights_that_do_not_fit_are_read_again_by_their_exec() -> None:
