@@ -716,17 +716,19 @@ def resimulate(args: argparse.Namespace) -> None:
     cells = {c.key: c for c in grid()}
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
-        prepared_by_key: dict[str, PreparedRun] = {}
+        prepared_by_key: dict[tuple[str, Path], PreparedRun] = {}
         for record in results:
             cell = cells.get(record["key"])
             if cell is None or record.get("profile") not in (None, pin.fingerprint):
                 continue
-            if cell.key not in prepared_by_key:
+            # A run on another store (`store_path`: the sliced store of
+            # docs/bench-data) had the cell's arrivals, drawn on the cell's store.
+            store = Path(record.get("store_path") or store_of(cell, args))
+            if (cell.key, store) not in prepared_by_key:
                 workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps,
                                          pin.cpu_factor_by_network)
-                prepared_by_key[cell.key] = prepare_run(workload, store_of(cell, args),
-                                                        cell.context)
-            prepared = prepared_by_key[cell.key]
+                prepared_by_key[cell.key, store] = prepare_run(workload, store, cell.context)
+            prepared = prepared_by_key[cell.key, store]
             if record.get("profile") is None and record["jobs"] == len(prepared.jobs):
                 record["profile"] = pin.fingerprint
             if record.get("profile") != pin.fingerprint:
@@ -1705,8 +1707,11 @@ simulating recorded cells again with every task's time scaled
   stage file for every job (2550 MiB, 4 x 638 MiB: 15.2 s of each job's 15.7 s
   at 44 MB/s), so the order cannot matter there: a tie (Masa +0.1% against
   DeepEye, -1.7% against Bulk). The simulator predicted Masa's mean within 2%
-  (15.5 s) but both baselines killed: it counts their reservations, which hold
-  a copied LOAD's peak for the whole LOAD, as memory in use.
+  (15.5 s) but, counting a copied LOAD's whole peak from its start, both
+  baselines killed; counting the peak above the resident bytes only once the
+  LOAD's read has ended (since 2026-11-27, docs/device-emulation.md), it
+  predicts all three means within 1% and no kill, and still every kill of the
+  grid.
 - **Where the CPU binds** (small at every budget, mixed at 1 and 2 GiB,
   lifelogging and stochastic I and II at 2 GiB, heavy, light: the stage files stay
   cached after their first read), means Masa / Bulk / DeepEye over 60 s, averaged

@@ -187,6 +187,11 @@ def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
     main(["compare", str(workload), "--store", str(store), "--device", str(device),
           "--simulate", "--memory", "64MiB", "--policies", "masa", "--json"])
     assert "--memory 64.0 MiB is above what device tiny leaves the scheduler" in caplog.text
+    # Without --json, the table says the runs were simulated, not real.
+    capsys.readouterr()
+    main(["compare", str(workload), "--store", str(store), "--device", str(device),
+          "--simulate", "--memory", "24MiB", "--policies", "masa"])
+    assert f"{workload}: simulated runs of 2 jobs on device tiny" in capsys.readouterr().out
 
 
 def test_concurrent_cold_loads_share_the_storage() -> None:

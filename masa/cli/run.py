@@ -258,7 +258,8 @@ def _compare_on_device(args: argparse.Namespace, policies: list[str]) -> int:
     if args.json:
         print_json(document)
     else:
-        print(f"{args.workload}: real runs of {len(prepared.jobs)} jobs on device "
+        mode = "simulated" if getattr(args, "simulate", False) else "real"
+        print(f"{args.workload}: {mode} runs of {len(prepared.jobs)} jobs on device "
               f"{plan.device.name}, context {args.context}")
         print(compare_reports(reports))
         for policy, report in reports.items():
