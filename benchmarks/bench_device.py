@@ -1894,6 +1894,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif not args.doc_only:
         ensure_zoo(args.cache)
         run_grid(args)
+    if args.results.resolve() != RESULTS.resolve() and args.doc.resolve() == DOC.resolve():
+        # Another results file (docs/bench-data's sliced cell) is not the grid: it
+        # must not replace the grid's page.
+        print(f"{args.results} is not the grid's results file: {DOC} left as it is "
+              "(name a page with --doc to render it)")
+        return 0
     write_doc(load_results(args.results), load_pin(args.pin), args)
     return 0
 
