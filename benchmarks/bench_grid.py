@@ -10,9 +10,10 @@ over-commits and every policy's peak reserved memory, and says where Masa
 (the default policy, job order and batch plan included) wins and loses against
 the best baseline and against `masa-greedy` (MasaPolicy(job_order=False): the masa
 of before issue 14); `masa-noplan` (masa without its batch plan) and `masa-q1`,
-`masa-q2` (masa whose job order engages from the first or second job with work
-instead of workers + 1, `queue_jobs`; docs/scheduling.md, "When the job order
-engages") can be added as columns (`--policies`). It writes its tables and a
+`masa-q2`, `masa-q3` (masa whose job order engages from the first, second or
+third job with work whatever the page cache holds, `queue_jobs`; 3 is masa's
+short-queue rule before 2026-11-27 with two workers; docs/scheduling.md, "When
+the job order engages") can be added as columns (`--policies`). It writes its tables and a
 PNG into docs/bench-compare.md, between the grid markers (the rest of that page is left as it is).
 
 Run (one process; about 1-3 s per simulated run on a shared core):
@@ -58,6 +59,7 @@ POLICIES: dict[str, Callable[[bool], Policy]] = {
     "masa-noplan": lambda copied: make_policy("masa-noplan"),
     "masa-q1": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=1),
     "masa-q2": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=2),
+    "masa-q3": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=3),
     "bulk": lambda copied: make_policy("bulk"),
     "deepeye": lambda copied: make_policy("deepeye"),
 }

@@ -314,3 +314,28 @@ def test_masa_loads_a_stage_still_cached_before_a_smaller_one_that_would_evict_i
             == [e.task_id for e in simulate_graph(graph, policy=MasaPolicy(cache_first=False),
                                                   workers=1, memory_budget_bytes=10_000,
                                                   device=warm).schedule])
+
+
+def test_the_job_order_engages_for_a_lone_job_only_where_its_loads_read_nothing() -> None:
+    """One job, one worker: with the job order (`queue_jobs`=1) the job goes depth
+    first (n0's last stage before n1), smallest-first (`queue_jobs`=2, one worker's
+    threshold) keeps n0's large stage for last. By default masa goes depth first where
+    every stage the job still loads is cached (a warm device, or no storage modelled)
+    and smallest-first where they must be read (a cold device)."""
+    graph = merge([chain_network(0, 0, [100, 100, 400]), chain_network(0, 1, [200] * 3)])
+    stages = {(f"n{n}", f"s{i}"): StageStorage(file_bytes=1_000)
+              for n in range(2) for i in range(3)}
+    warm = DeviceModel(10**9, BASE, MB, stages, cold_cache=False)
+    cold = _device(10**9, stages)
+
+    def order(policy: MasaPolicy, device: DeviceModel | None) -> tuple[str, ...]:
+        return simulate_graph(graph, policy=policy, workers=1, memory_budget_bytes=100_000,
+                              device=device).dispatch_order
+
+    depth_first = order(MasaPolicy(queue_jobs=1), None)
+    smallest_first = order(MasaPolicy(queue_jobs=2), None)
+    assert depth_first.index("j0/n0/s2/load") < depth_first.index("j0/n1/s0/load")
+    assert smallest_first[-2:] == ("j0/n0/s2/load", "j0/n0/s2/exec")
+    assert order(MasaPolicy(), None) == depth_first
+    assert order(MasaPolicy(), warm) == depth_first
+    assert order(MasaPolicy(), cold) == smallest_first

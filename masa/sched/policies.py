@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 
 from masa.sched.core import GroupStatus, SchedulerState, TaskInfo, TaskState
-from masa.sched.taskgraph import TaskKind
+from masa.sched.taskgraph import Task, TaskKind
 
 # A ready-heap entry: (sort key..., task_id, ready_epoch); the last two are checked.
 _Entry = tuple
@@ -104,12 +104,16 @@ class MasaPolicy:
     remaining work + `ageing` x arrival time, i.e. work minus ageing x time
     waited, which needs no clock), if it fits; otherwise the footprint order
     above decides as before, so no worker idles for the sake of the order.
-    With a short queue smallest-first runs unchanged (with one network per
-    job it already acts as shortest job first; engaged from the first job the
-    order won on the warm simulated grid but lost 13-18% on the emulated Pi,
-    docs/scheduling.md "When the job order engages"); with a long one it stops
-    interleaving every job's small tasks, which stretched every job
-    (docs/bench-compare.md). Jobs are told apart by Task.job_id.
+    With a long queue it stops interleaving every job's small tasks, which
+    stretched every job (docs/bench-compare.md). With a short one it engages
+    only where LOADs read nothing from storage (the stage of every LOAD not yet
+    started in the page cache, or a simulation that models no storage; a batch
+    plan's search is told which): there it won on
+    the warm simulated grid, but on the emulated Pi, whose card binds, the
+    order a lone job loaded its networks in (depth first) left the next jobs
+    fewer cached stage files, 13-70% slower (docs/scheduling.md "When the job
+    order engages"); smallest-first runs there unchanged. Jobs are told apart
+    by Task.job_id.
 
     Cached stages first, on by default with our other rules (`cache_first`):
     where the backend tells which stages' files are in the page cache
@@ -160,6 +164,8 @@ class MasaPolicy:
         self._job_work_us: dict[int, int] = {}  # profiled work of the job's open tasks
         self._job_open: dict[int, int] = {}  # the job's tasks not yet ended
         self._active_jobs: set[int] = set()  # jobs with a task that became ready, not ended
+        # LOADs added and not started, by stage: what the jobs will still read.
+        self._unstarted_loads: dict[tuple[str, str], int] = {}
         self._execs_by_job: list[_Entry] = []  # (job key, footprint, order, id, epoch)
         self._loads_by_job: list[_Entry] = []
         # A task sits in two heaps when job order is on and leaves one lazily, when it
@@ -180,9 +186,20 @@ class MasaPolicy:
 
     def on_added(self, state: SchedulerState, info: TaskInfo) -> None:
         if self.job_order:
-            job = info.task.job_id
-            self._job_work_us[job] = self._job_work_us.get(job, 0) + info.task.duration_us
+            task = info.task
+            job = task.job_id
+            self._job_work_us[job] = self._job_work_us.get(job, 0) + task.duration_us
             self._job_open[job] = self._job_open.get(job, 0) + 1
+            if task.kind is TaskKind.LOAD:
+                self._count_unstarted_load(task, 1)
+
+    def _count_unstarted_load(self, task: Task, delta: int) -> None:
+        stage = (task.network, task.stage_id)
+        count = self._unstarted_loads.get(stage, 0) + delta
+        if count:
+            self._unstarted_loads[stage] = count
+        else:
+            del self._unstarted_loads[stage]
 
     def on_ready(self, state: SchedulerState, info: TaskInfo) -> None:
         task = info.task
@@ -232,6 +249,8 @@ class MasaPolicy:
         if task.kind is not TaskKind.LOAD:
             self._forget_pending_exec(task.task_id)
             return
+        if self.job_order:
+            self._count_unstarted_load(task, -1)
         if self.headroom:
             self._running_load_direct_bytes += task.memory_bytes
         resident_bytes = _resident_bytes(info)
@@ -263,6 +282,8 @@ class MasaPolicy:
         if self.headroom and info.started and info.task.kind is TaskKind.LOAD:
             self._running_load_direct_bytes -= info.task.memory_bytes
         if self.job_order:
+            if not info.started and info.task.kind is TaskKind.LOAD:  # cancelled
+                self._count_unstarted_load(info.task, -1)
             job = info.task.job_id
             self._job_work_us[job] -= info.task.duration_us
             self._job_open[job] -= 1
@@ -302,10 +323,26 @@ class MasaPolicy:
                 return top
             heapq.heappush(self._loads, heapq.heappop(self._fresh))
 
+    def _job_order_engaged(self, state: SchedulerState) -> bool:
+        """Once `queue_jobs` jobs have work; by default once more jobs than workers
+        have work, or from the first job where its LOADs read nothing from storage
+        (the stage of every LOAD not yet started is cached, or the backend tells
+        nothing: a simulation without storage, or an executor that cannot read the
+        page cache): the order a lone job loads its networks in (depth first under
+        the job order) then evicts no stage file another job would have found cached."""
+        jobs = len(self._active_jobs)
+        if self.queue_jobs is not None:
+            return jobs >= self.queue_jobs
+        if jobs > state.workers:
+            return True
+        if jobs == 0 or not self.uses_cached_stages:
+            return False
+        cached = state.cached_stages
+        return cached is None or all(stage in cached for stage in self._unstarted_loads)
+
     def pick(self, state: SchedulerState) -> str | None:
         free_bytes = state.ledger.free_bytes()
-        if self.job_order and len(self._active_jobs) >= (
-                state.workers + 1 if self.queue_jobs is None else self.queue_jobs):
+        if self.job_order and self._job_order_engaged(state):
             chosen = self._pick_by_job(state, free_bytes)
             if chosen is not None:
                 return chosen
