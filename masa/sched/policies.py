@@ -338,7 +338,7 @@ class MasaPolicy:
         if jobs == 0 or not self.uses_cached_stages:
             return False
         cached = state.cached_stages
-        return cached is None or all(stage in cached for stage in self._unstarted_loads)
+        return cached is None or self._unstarted_loads.keys() <= cached  # a C loop
 
     def pick(self, state: SchedulerState) -> str | None:
         free_bytes = state.ledger.free_bytes()
