@@ -2,19 +2,22 @@
 
 Owns the static facts the CP-SAT model adds as redundant constraints and the
 search starts from: heads and tails of every task (earliest start, longest
-path to the end), the static lower bound on the makespan, classes of
+path to the end), the static lower bounds on the makespan and on the jobs'
+mean response, classes of
 interchangeable networks (for symmetry breaking) and cliques of tasks that
 can never overlap (for redundant no-overlaps). Pure functions of the graph.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable
 
 from masa.common.graphs import topological_order
 from masa.sched.taskgraph import TaskGraph
 from solver.instance import Instance, ancestor_sets, model_start_after, spanning_locks
+from solver.schedules import job_releases
 
 
 def heads_and_tails(graph: TaskGraph) -> tuple[dict[str, int], dict[str, int]]:
@@ -53,6 +56,58 @@ def static_lower_bound(instance: Instance) -> int:
         late_work = sum(t.duration_us for t in graph.tasks if t.release_us >= release)
         bound = max(bound, release + math.ceil(late_work / instance.workers))
     return bound
+
+
+def mean_response_lower_bound_us(graph: TaskGraph, workers: int) -> float:
+    """The mean job response (release to the end of its last task) no schedule beats.
+
+    The larger of two relaxations, both without memory limits:
+    - each job alone: at least its longest chain of precedences from its release,
+      and its work shared by the workers; the mean over jobs;
+    - work: the workers as one preemptive machine `workers` times as fast that
+      ignores precedences, serving the job with the least remaining work first
+      (SRPT, which minimises the sum of responses on one machine). Whatever the
+      workers run in an interval, that machine can run too, so no schedule's
+      sum is lower.
+    """
+    if not graph.tasks:
+        return 0.0
+    releases = job_releases(graph)
+    head, tail = heads_and_tails(graph)
+    path_us: dict[int, int] = dict.fromkeys(releases, 0)
+    work_us: dict[int, int] = dict.fromkeys(releases, 0)
+    for task in graph.tasks:
+        job = task.job_id
+        path_us[job] = max(path_us[job], head[task.task_id] + tail[task.task_id] - releases[job])
+        work_us[job] += task.duration_us
+    alone_us = sum(max(path_us[job], work_us[job] / workers) for job in releases)
+    return max(alone_us, _srpt_response_sum_us(releases, work_us, workers)) / len(releases)
+
+
+def _srpt_response_sum_us(releases: dict[int, int], work_us: dict[int, int],
+                          speed: int) -> float:
+    """Sum of responses of shortest-remaining-work-first on one machine of `speed`."""
+    arrivals = sorted((releases[job], work_us[job] / speed) for job in releases)
+    waiting: list[tuple[float, int]] = []  # (remaining time at `speed`, release)
+    now = 0.0
+    total = 0.0
+    index = 0
+    while index < len(arrivals) or waiting:
+        if not waiting:
+            now = max(now, arrivals[index][0])
+        while index < len(arrivals) and arrivals[index][0] <= now:
+            release, remaining = arrivals[index]
+            heapq.heappush(waiting, (remaining, release))
+            index += 1
+        remaining, release = heapq.heappop(waiting)
+        next_arrival = arrivals[index][0] if index < len(arrivals) else math.inf
+        if now + remaining <= next_arrival:  # it finishes before anything else arrives
+            now += remaining
+            total += now - release
+        else:  # run it until the next arrival, then choose again
+            heapq.heappush(waiting, (remaining - (next_arrival - now), release))
+            now = next_arrival
+    return total
 
 
 # ---------------------------------------------------------------- symmetry

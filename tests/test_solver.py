@@ -21,7 +21,12 @@ from masa.runtime.registry import make_policy
 from masa.runtime.virtual import simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
-from solver.analysis import conflict_cliques, identical_groups, static_lower_bound
+from solver.analysis import (
+    conflict_cliques,
+    identical_groups,
+    mean_response_lower_bound_us,
+    static_lower_bound,
+)
 from solver.instance import (
     Instance,
     RandomSpec,
@@ -619,6 +624,51 @@ def test_static_lower_bound_takes_work_releases_and_chains() -> None:
     assert static_lower_bound(_instance(released, workers=2, memory=1)) == 14
     chain = _instance(tasks, workers=3, memory=1, precedence=(("A", "B"), ("B", "C")))
     assert static_lower_bound(chain) == 9
+
+
+def test_mean_response_bound_takes_each_jobs_path_and_shortest_remaining_work() -> None:
+    """One job A(2) -> B(3) -> C(4) on 3 workers: its path, 9 (its work / 3 is 3).
+    One worker, job 0 of 100 at 0 and job 1 of 10 at 50: shortest remaining work
+    first preempts job 0 at 50 (job 1 ends at 60, job 0 at 110): (110 + 10) / 2,
+    above the paths' (100 + 10) / 2. Three jobs of 30, 10, 20 at 0: (10 + 30 + 60) / 3
+    on one worker; on two, the paths' (30 + 10 + 20) / 3. A job's work shared by the
+    workers bounds it too."""
+    chain = _instance([_task("A", 2), _task("B", 3), _task("C", 4)], workers=3, memory=1,
+                      precedence=(("A", "B"), ("B", "C")))
+    assert mean_response_lower_bound_us(chain.graph, 3) == 9
+    late_short = _instance([_task("long", 100, job=0), _task("short", 10, release=50, job=1)],
+                           workers=1, memory=1)
+    assert mean_response_lower_bound_us(late_short.graph, 1) == 60
+    three = _instance([_task("a", 30, job=0), _task("b", 10, job=1), _task("c", 20, job=2)],
+                      workers=1, memory=1)
+    assert mean_response_lower_bound_us(three.graph, 1) == pytest.approx(100 / 3)
+    # On 2 workers the fast machine's (5 + 15 + 30) / 3 is below the paths' 20.
+    assert mean_response_lower_bound_us(three.graph, 2) == 20
+    # A chain of 60 at 0; four tasks of 10 at 100 on 2 workers: their path is 10,
+    # their work 20, so (60 + 20) / 2 (paths alone: 35; the fast machine: 25).
+    apart = _instance([_task("c0", 30, job=0), _task("c1", 30, job=0)]
+                      + [_task(f"w{i}", 10, release=100, job=1) for i in range(4)],
+                      workers=2, memory=1, precedence=(("c0", "c1"),))
+    assert mean_response_lower_bound_us(apart.graph, 2) == 40
+
+
+def test_no_schedule_has_a_mean_response_below_the_bound() -> None:
+    """CP-SAT's least sum of responses and the three policies, on seeded instances
+    whose networks are separate jobs released apart: none beats the bound."""
+    for seed in range(6):
+        instance = random_instance(RandomSpec(
+            networks=3, layers=2, seed=200 + seed, tightness=(1.2, 3.0)[seed % 2],
+            load_ratio=(1.0, 4.0)[seed % 2], workers=1 + seed % 2, release_gap=20 * (seed % 3)))
+        jobs = len({task.job_id for task in instance.graph.tasks})
+        bound_us = mean_response_lower_bound_us(instance.graph, instance.workers)
+        assert jobs == 3 and bound_us > 0
+        optimum = _solve(instance, replace(FAST, objective="response"))
+        assert optimum.status == "OPTIMAL", seed
+        assert optimum.objective_value / jobs >= bound_us - 1e-9, seed
+        for name in ("masa", "bulk", "deepeye"):
+            run = simulate_graph(instance.graph, policy=make_policy(name),
+                                 workers=instance.workers, memory_budget_bytes=instance.memory)
+            assert response_sum(instance.graph, run.schedule) / jobs >= bound_us - 1e-9, name
 
 
 def test_probes_refute_each_makespan_below_the_optimum() -> None:
