@@ -345,12 +345,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-stage-bytes", default="0", metavar="SIZE",
                         help="merge consecutive stages until each holds this many weight "
                              "bytes, e.g. 1MiB (default 0: one weighted operator per stage)")
-    parser.add_argument("--load-mode", choices=LOAD_MODES, default=DEFAULT_LOAD_MODE,
-                        help="how stage files hold their weights: 'mmap' (default) writes "
-                             "them page-aligned beside each stage so a LOAD maps them "
-                             "instead of copying them (the profiler keeps prepacking per "
-                             "stage only where it pays for itself); 'copy' keeps them inside "
-                             "the stage files, which ONNX Runtime copies (load peak ~2x)")
+    add_load_mode_argument(parser)
     parser.add_argument("--ort-optimize", action=argparse.BooleanOptionalAction, default=None,
                         help="cut the graph ONNX Runtime optimises the model into (fused "
                              "operators, BatchNorm folded, NCHWc layout kept across cuts on "
@@ -359,13 +354,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "and machine type. Default: on in load mode mmap when every "
                              "input dim is fixed (declared or --input-shape), off otherwise; "
                              "--no-ort-optimize keeps the stage files portable")
-    slicing = parser.add_mutually_exclusive_group()
-    slicing.add_argument("--max-stage-bytes", default=None, metavar="SIZE",
-                         help="slice a Gemm, MatMul or Conv whose weights exceed SIZE into "
-                              "stages along its outputs, joined by Concat (e.g. 128MiB)")
-    slicing.add_argument("--target-memory", default=None, metavar="SIZE",
-                         help="the memory budget the network must run in: slice operators "
-                              "whose weights exceed a quarter of it (--max-stage-bytes SIZE/4)")
+    add_slicing_arguments(parser)
     add_json_flag(parser, "the prepared network (its manifest, timings, verify result)")
     parser.set_defaults(handler=_prepare_command)
 
@@ -387,6 +376,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify_parser.set_defaults(handler=_verify_command)
 
 
+def add_load_mode_argument(parser: argparse.ArgumentParser) -> None:
+    """--load-mode, for `masa prepare` and `masa zoo`."""
+    parser.add_argument("--load-mode", choices=LOAD_MODES, default=DEFAULT_LOAD_MODE,
+                        help="how stage files hold their weights: 'mmap' (default) writes "
+                             "them page-aligned beside each stage so a LOAD maps them "
+                             "instead of copying them (the profiler keeps prepacking per "
+                             "stage only where it pays for itself); 'copy' keeps them inside "
+                             "the stage files, which ONNX Runtime copies (load peak ~2x)")
+
+
+def add_slicing_arguments(parser: argparse.ArgumentParser) -> None:
+    """--max-stage-bytes and --target-memory (read back by `max_stage_bytes`)."""
+    slicing = parser.add_mutually_exclusive_group()
+    slicing.add_argument("--max-stage-bytes", default=None, metavar="SIZE",
+                         help="slice a Gemm, MatMul or Conv whose weights exceed SIZE into "
+                              "stages along its outputs, joined by Concat (e.g. 128MiB)")
+    slicing.add_argument("--target-memory", default=None, metavar="SIZE",
+                         help="the memory budget the network must run in: slice operators "
+                              "whose weights exceed a quarter of it (--max-stage-bytes SIZE/4)")
+
+
 def _prepare_command(args: argparse.Namespace) -> int:
     input_shapes: dict[str, list[int | str]] = {}
     for text in args.input_shape:
@@ -406,7 +416,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
             max_cut_tensors=args.max_cut_tensors,
             min_stage_weight_bytes=parse_memory_bytes(args.min_stage_bytes, "--min-stage-bytes"),
             ort_optimize=args.ort_optimize, show_progress=False if quiet else None,
-            load_mode=args.load_mode, max_stage_weight_bytes=_max_stage_bytes(args),
+            load_mode=args.load_mode, max_stage_weight_bytes=max_stage_bytes(args),
             sample_input=args.sample_input,
         )
     except VerifyMismatch as mismatch:
@@ -421,7 +431,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _max_stage_bytes(args: argparse.Namespace) -> int:
+def max_stage_bytes(args: argparse.Namespace) -> int:
     """The slicing limit from --max-stage-bytes or --target-memory (0: no slicing)."""
     if args.max_stage_bytes is not None:
         limit = parse_memory_bytes(args.max_stage_bytes, "--max-stage-bytes")

@@ -127,3 +127,27 @@ def test_prepared_slices_are_stages_the_task_graph_schedules(tmp_path: Path) -> 
     graph = build_job_graph(JobSpec(0, 0, ("sliced",)), manifests, ["sliced"])
     loads = [t for t in graph.tasks if t.kind.value == "load"]
     assert len(loads) == 6
+
+
+def test_a_budget_below_a_layer_names_the_slicing_that_fits_it(tmp_path: Path) -> None:
+    """`masa run` refuses a budget below the largest LOAD's need; where that LOAD is a
+    layer slicing can split, the error says so, and preparing the network with
+    --target-memory at that budget makes the same budget acceptable."""
+    from masa.runtime.runner import check_budget
+
+    rng = np.random.default_rng(8)
+    model_path = tmp_path / "net.onnx"
+    onnx.save_model(conv_fc_model(rng), str(model_path))
+    prepare_network(model_path, tmp_path / "store", "whole", profile=False, load_mode="copy")
+    graph = build_job_graph(JobSpec(0, 0, ("whole",)),
+                            load_manifests(tmp_path / "store", ["whole"]), ["whole"])
+    largest_bytes = max(graph.footprint_bytes(t.task_id) for t in graph.tasks)
+    budget_bytes = (largest_bytes * 3 // 4) // 1024 * 1024
+    with pytest.raises(UserError, match=rf"prepare whole again with --target-memory "
+                                        rf"{budget_bytes // 1024}KiB"):
+        check_budget(graph, budget_bytes)
+    prepare_network(model_path, tmp_path / "store", "sliced", profile=False, load_mode="copy",
+                    max_stage_weight_bytes=max_stage_bytes_for_target(budget_bytes))
+    sliced = build_job_graph(JobSpec(0, 0, ("sliced",)),
+                             load_manifests(tmp_path / "store", ["sliced"]), ["sliced"])
+    check_budget(sliced, budget_bytes)

@@ -272,8 +272,39 @@ def test_masa_zoo_json_and_exit_1_when_a_network_fails(
     assert "sos: --verify failed" in captured.err and "Traceback" not in captured.err
 
 
+def test_masa_zoo_slices_and_copies_as_masa_prepare_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--load-mode copy and --max-stage-bytes reach the stages: EmotionNet's fc
+    layers come out in slices no larger than the limit, and --verify checks the
+    sliced chain against the whole model."""
+    import json
+
+    from masa.cli.main import main
+    from model_prep.manifest import load_manifest
+
+    limit_bytes = 256 * 1024
+    args = ["zoo", "--store", str(tmp_path / "whole"), "--scale", "0.05", "--no-profile",
+            "--json", "emotionnet"]
+    assert main(args) == 0
+    whole = load_manifest(tmp_path / "whole" / "emotionnet")
+    assert max(s.weight_bytes for s in whole.stages) > limit_bytes
+    assert json.loads(capsys.readouterr().out)["max_stage_bytes"] == 0
+    sliced_store = tmp_path / "sliced"
+    assert main(["zoo", "--store", str(sliced_store), "--scale", "0.05", "--no-profile",
+                 "--verify", "--load-mode", "copy", "--max-stage-bytes", "256KiB",
+                 "--json", "emotionnet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["load_mode"], report["max_stage_bytes"]) == ("copy", limit_bytes)
+    sliced = load_manifest(sliced_store / "emotionnet")
+    assert sliced.load_mode == "copy" and len(sliced.stages) > len(whole.stages)
+    assert max(s.weight_bytes for s in sliced.stages) <= limit_bytes
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["resnet"], "unknown network"),
+    (["--max-stage-bytes", "0", "agenet"], "--max-stage-bytes: expected a positive size"),
+    (["--target-memory", "1GiB", "--max-stage-bytes", "1MiB", "agenet"], "not allowed with"),
+    (["--load-mode", "zip", "agenet"], "invalid choice"),
     (["--scale", "0", "agenet"], "0 < S <= 1"),
     (["--scale", "1.5", "agenet"], "0 < S <= 1"),
     (["--scale", "big", "agenet"], "0 < S <= 1"),

@@ -21,6 +21,7 @@ from masa.common.errors import EXIT_FAILED, RunFailed, UserError
 from masa.common.output import print_json
 from masa.common.units import format_bytes
 from model_prep.manifest import NetworkManifest
+from model_prep.prepare_cli import add_load_mode_argument, add_slicing_arguments, max_stage_bytes
 from workloads.zoo import ZOO_NAMES, ZOO_SPECS, check_names, check_scale, write_zoo
 
 
@@ -60,6 +61,8 @@ def register(subparsers: Any) -> None:
                              "input and fail unless the outputs agree")
     parser.add_argument("--runs", type=int, default=None, metavar="N",
                         help="timed runs per stage when profiling (profiler default)")
+    add_load_mode_argument(parser)
+    add_slicing_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON document")
     parser.set_defaults(handler=run_zoo)
@@ -82,7 +85,7 @@ def _network_row(manifest: NetworkManifest) -> dict[str, Any]:
 
 
 def _print_table(args: argparse.Namespace, scale: float, rows: list[dict[str, Any]],
-                 failed: dict[str, str]) -> None:
+                 failed: dict[str, str], slice_above_bytes: int) -> None:
     print(f"{'network':<11} {'paper':<11} {'stages':>6} {'conv':>4} {'fc':>3} "
           f"{'weights':>10} {'exec ms':>8}")
     for row in rows:
@@ -92,8 +95,10 @@ def _print_table(args: argparse.Namespace, scale: float, rows: list[dict[str, An
               f"{format_bytes(row['weight_bytes']):>10} {exec_text}")
     if args.verify and not failed:
         print("verify: every network's stages reproduce its whole model")
-    print(f"store: {args.store} (scale {scale:g}, seed {args.seed}; random weights, "
-          "not trained models)")
+    sliced = (f", operators above {format_bytes(slice_above_bytes)} of weights sliced"
+              if slice_above_bytes else "")
+    print(f"store: {args.store} (scale {scale:g}, seed {args.seed}, load mode "
+          f"{args.load_mode}{sliced}; random weights, not trained models)")
 
 
 def run_zoo(args: argparse.Namespace) -> int:
@@ -101,6 +106,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     scale = check_scale(args.scale)
     if args.runs is not None and args.runs < 1:
         raise UserError(f"--runs: expected a positive integer, got {args.runs}")
+    slice_above_bytes = max_stage_bytes(args)
     # None: progress bars when stderr is a terminal, unless the user asked for quiet.
     show_progress = False if getattr(args, "quiet", False) else None
     rows: list[dict[str, Any]] = []
@@ -111,7 +117,9 @@ def run_zoo(args: argparse.Namespace) -> int:
         try:
             (manifest,) = write_zoo(args.store, [name], scale, profile=not args.no_profile,
                                     seed=args.seed, profile_runs=args.runs,
-                                    verify=args.verify, show_progress=show_progress)
+                                    verify=args.verify, show_progress=show_progress,
+                                    load_mode=args.load_mode,
+                                    max_stage_bytes=slice_above_bytes)
         except RunFailed as error:
             failed[name] = str(error)
             print(f"masa zoo: {name}: {error}", file=sys.stderr)
@@ -121,9 +129,10 @@ def run_zoo(args: argparse.Namespace) -> int:
         print_json({
             "store": str(args.store), "scale": scale, "seed": args.seed,
             "profiled": not args.no_profile, "verify": bool(args.verify),
+            "load_mode": args.load_mode, "max_stage_bytes": slice_above_bytes,
             "networks": rows,
             "failed": [{"name": name, "error": error} for name, error in failed.items()],
         })
     else:
-        _print_table(args, scale, rows, failed)
+        _print_table(args, scale, rows, failed, slice_above_bytes)
     return EXIT_FAILED if failed else 0

@@ -406,10 +406,17 @@ def check_budget(graph: TaskGraph, memory_budget_bytes: int) -> None:
     if memory_budget_bytes < need_bytes:
         task = graph.by_id[task_id]
         at_least_kib = -(-need_bytes // 1024)
+        # A layer's weights can be sliced into stages that fit (model_prep.slicing).
+        sliceable = task.kind is TaskKind.LOAD and task.layer_type in ("conv", "fc")
+        budget = (f"{memory_budget_bytes >> 20}MiB" if memory_budget_bytes % 2**20 == 0
+                  else f"{-(-memory_budget_bytes // 1024)}KiB")
         raise UserError(f"--memory {format_bytes(memory_budget_bytes)} is below what the "
                         f"largest task needs alone: {format_bytes(need_bytes)} ({need_bytes} "
                         f"bytes, {task.network}/{task.stage_id} {task.kind.value}); give at "
-                        f"least --memory {at_least_kib}KiB")
+                        f"least --memory {at_least_kib}KiB"
+                        + (f", or prepare {task.network} again with --target-memory {budget} "
+                           "(masa prepare, masa zoo) to slice its large layers"
+                           if sliceable else ""))
 
 
 def run_network(store: Path, name: str, feeds: Mapping[str, np.ndarray],
