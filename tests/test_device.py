@@ -274,3 +274,46 @@ def test_a_failed_child_reports_its_one_line_error(tmp_path: Path,
     assert run.error_code == 2 and run.reason == "bad: input here"
     assert run.jobs_finished == [(0, 1500)] and run.run_time_s == 2.5
     assert (run.memory_budget_bytes, run.runtime_base_bytes, run.evicted_bytes) == (100, 50, 7)
+
+
+@pytest.mark.parametrize("status", ["finished", "killed"])
+def test_a_finished_run_ends_at_its_end_line_not_at_the_childs_exit(
+        tmp_path: Path, status: str) -> None:
+    """The child writes `end` before serialising its report and trace: a finished
+    run's time and cgroup peak are taken there. A killed run has no end line; its
+    time runs to the kill."""
+    run = EmulatedRun(device={}, status=status)
+    progress = tmp_path / "progress"
+    progress.write_text("begin 10.0 100 50 7\njob 0 1500\n"
+                        + ("end 14.0 4096\n" if status == "finished" else ""))
+    run.run_time_s, run.peak_cgroup_bytes = 16.5, 8192  # the child's exit, the file's peak
+    emulation._read_progress(progress, run)
+    if status == "finished":
+        assert (run.run_time_s, run.peak_cgroup_bytes) == (4.0, 4096)
+    else:
+        assert (run.run_time_s, run.peak_cgroup_bytes) == (6.5, 8192)
+
+
+@needs_cgroups
+def test_an_emulated_run_writes_its_trace(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`masa run --device --trace`: the child writes the Chrome trace, one complete
+    event per task of the run."""
+    import json
+
+    store = tmp_path / "store"
+    _prepare(tmp_path, store, "chain", fc_chain(3, 3, 256, 256), profile=False)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [chain]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 10, count: 2}\n")
+    device = _device(tmp_path, "name: roomy\nmemory: 1GiB\nstorage: null\n"
+                               "cold_cache: false\ncores: 2\n")
+    trace_path, report_path = tmp_path / "t.json", tmp_path / "r.json"
+    code = masa_main(["run", str(workload), "--store", str(store), "--device", str(device),
+                      "--trace", str(trace_path), "--report", str(report_path)])
+    assert code == 0, capsys.readouterr()
+    assert json.loads(report_path.read_text())["status"] == "finished"
+    spans = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e["ph"] == "X"]
+    # Two jobs, a LOAD and an EXEC per stage.
+    assert len(spans) == 2 * 2 * len(load_manifest(store / "chain").stages)
+    assert _groups_left(os.getpid()) == []

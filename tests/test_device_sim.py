@@ -339,3 +339,36 @@ def test_the_job_order_engages_for_a_lone_job_only_where_its_loads_read_nothing(
     assert order(MasaPolicy(), None) == depth_first
     assert order(MasaPolicy(), warm) == depth_first
     assert order(MasaPolicy(), cold) == smallest_first
+
+
+def test_a_simulated_device_run_writes_its_trace_unless_predicted_killed(
+        tmp_path, monkeypatch, capsys) -> None:
+    """`masa run --simulate --device --trace`: a finished run's trace has a complete
+    event per task; a run predicted killed writes none and says so."""
+    import json
+    import os
+
+    from test_device import _prepare, fc_chain
+
+    from masa.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # no root needed
+    store = tmp_path / "store"
+    _prepare(tmp_path, store, "big", fc_chain(1, 8, 1448, 1448), load_mode="copy",
+             profile=False)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [big]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 100, count: 2}\n")
+    device = tmp_path / "d.yaml"
+    device.write_text("name: tiny\nmemory: 80MiB\nstorage: {read: 20MB/s}\ncores: 2\n")
+    common = ["run", str(workload), "--store", str(store), "--device", str(device),
+              "--simulate", "--memory", "24MiB"]
+    trace = tmp_path / "masa.json"
+    assert main([*common, "--trace", str(trace)]) == 0
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 2 * 2 * 8  # two jobs, a LOAD and an EXEC per stage
+    capsys.readouterr()
+    killed = tmp_path / "bulk.json"
+    assert main([*common, "--policy", "bulk", "--trace", str(killed)]) == 1
+    assert not killed.exists()
+    assert "--trace: not written: the run was killed" in capsys.readouterr().err

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from masa.common.errors import EXIT_USAGE, RunFailed, UserError
 from masa.common.units import format_bytes
-from masa.report.report import emulated_report, outcome_report
+from masa.report.report import emulated_report, outcome_report, outcome_trace, write_json
 from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
 from masa.runtime.runner import (
@@ -52,6 +53,8 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
         "log_level": logging.getLogger().getEffectiveLevel(),
         "network_versions": prepared.network_versions,
         "meta": meta,  # of the report the child writes
+        # The child writes the trace of a finished run (a killed one leaves none).
+        "trace_path": str(args.trace) if getattr(args, "trace", None) else None,
         "settings": {"policy": policy, "workers": args.workers,
                      "memory_budget_bytes": args.memory,
                      "memory_source": getattr(args, "memory_source", "measured"),
@@ -71,7 +74,8 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                                memory_source=getattr(args, "memory_source", "measured"),
                                read_ahead_bytes=getattr(args, "read_ahead", None))
         return simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta)
+            prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta,
+            trace_path=getattr(args, "trace", None))
     run = run_emulated(plan, _spec(args, policy, prepared, meta))
     if run.status == "failed" and run.error_code is not None:
         error = UserError if run.error_code == EXIT_USAGE else RunFailed
@@ -149,9 +153,11 @@ def simulate_on_device(prepared: PreparedRun, settings: RunSettings,
 
 
 def simulated_device_report(prepared: PreparedRun, settings: RunSettings, model: DeviceModel,
-                            device: Device, meta: Mapping[str, Any]) -> dict[str, Any]:
+                            device: Device, meta: Mapping[str, Any],
+                            trace_path: str | Path | None = None) -> dict[str, Any]:
     """A simulated run on the device as a report shaped like an emulated run's: killed
-    (predicted, with the time and the jobs finished before) or finished."""
+    (predicted, with the time and the jobs finished before) or finished. `trace_path`:
+    where to write the Chrome trace of a finished run (a predicted kill writes none)."""
     outcome, result = simulate_on_device(prepared, settings, model)
     predicted = result.device
     assert predicted is not None
@@ -179,5 +185,7 @@ def simulated_device_report(prepared: PreparedRun, settings: RunSettings, model:
         "stage_file_bytes_cached_at_load": predicted.stage_file_bytes_cached_at_load,
     }
     report = outcome_report(outcome, meta) if killed_us is None else None
+    if trace_path is not None and killed_us is None:
+        write_json(trace_path, outcome_trace(outcome))
     return emulated_report(emulation, report, policy=settings.policy,
                            workers=settings.workers, jobs=len(prepared.jobs), meta=meta)

@@ -6,9 +6,11 @@ stage files by size and modification time, each network's version pinned),
 warm ONNX Runtime up and measure the runtime's own memory (the budget defaults
 to the device's cap less that base), evict the store's files from the page
 cache (a cold device), then execute, writing one progress line per ended job
-so that a kill still tells the parent what finished. The run's report
+so that a kill still tells the parent what finished, and one when the run
+ends (its time and its cgroup's peak, before anything is written). The run's report
 (masa.report.report, with the spec's `meta`) is written as JSON for the
-parent: plain data, nothing the parent has to execute to read. A failure
+parent: plain data, nothing the parent has to execute to read; with
+`trace_path`, the run's Chrome trace too (a killed run writes none). A failure
 before the run is written as an `error CODE MESSAGE` line (exit 2 for bad
 input, 1 otherwise). With `measure_only` in the spec it
 stops before the first job (a benchmark's way to measure the base).
@@ -27,7 +29,7 @@ from typing import IO, Any
 from masa.common.atomic import atomic_write_text
 from masa.common.errors import EXIT_FAILED, EXIT_USAGE, RunFailed, UserError, one_line
 from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
-from masa.report.report import outcome_report
+from masa.report.report import outcome_report, outcome_trace, write_json
 from masa.runtime.driver import Observer
 from masa.runtime.emulation import evict_files
 from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
@@ -98,8 +100,19 @@ def _run(spec: dict[str, Any], progress: IO[str]) -> None:
         return
     outcome = execute(prepared, RunSettings(**settings), simulate=False,
                       observers=[_JobProgress(progress)])
+    # The run's end and its cgroup's peak, before the report and the trace are
+    # serialised: their time and memory are not the run's.
+    cgroup = find_memory_cgroup()
+    peak_bytes = read_cgroup_memory(cgroup).peak_bytes if cgroup is not None else None
+    progress.write(f"end {time.monotonic()} {-1 if peak_bytes is None else peak_bytes}\n")
+    progress.flush()
     report = outcome_report(outcome, spec.get("meta"))
     atomic_write_text(spec["report_path"], json.dumps(report))
+    if spec.get("trace_path"):
+        try:
+            write_json(spec["trace_path"], outcome_trace(outcome))
+        except OSError as error:
+            raise RunFailed(f"--trace {spec['trace_path']}: {error}") from error
 
 
 def main(argv: Sequence[str]) -> int:

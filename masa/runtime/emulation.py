@@ -567,7 +567,9 @@ def _watch(child: subprocess.Popen, groups: DeviceCgroups, run: EmulatedRun) -> 
 
 def _read_progress(path: Path, run: EmulatedRun) -> None:
     """The child's progress lines: `begin MONOTONIC_S BUDGET BASE EVICTED`, `job ID END_US`,
-    `error CODE MESSAGE`."""
+    `end MONOTONIC_S PEAK_BYTES` (-1: no peak read), `error CODE MESSAGE`. The end
+    line, where there is one, bounds the run's time and memory: what the child does
+    after it (writing its report and trace) is not the run."""
     begin_s = None
     for line in _read(path).splitlines():
         parts = line.split()
@@ -577,6 +579,10 @@ def _read_progress(path: Path, run: EmulatedRun) -> None:
                 int(parts[2]), int(parts[3]), int(parts[4]))
         elif parts[:1] == ["job"] and len(parts) == 3:
             run.jobs_finished.append((int(parts[1]), int(parts[2])))
+        elif parts[:1] == ["end"] and len(parts) == 3 and run.status == "finished":
+            run.run_time_s = float(parts[1])
+            if int(parts[2]) >= 0:
+                run.peak_cgroup_bytes = int(parts[2])
         elif parts[:1] == ["error"] and len(parts) >= 3:
             run.error_code, run.reason = int(parts[1]), line.split(" ", 2)[2]
     if run.run_time_s is not None:
