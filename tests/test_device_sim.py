@@ -7,6 +7,7 @@ DeviceModel; durations are virtual microseconds, so exact figures are asserted.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from sched_graphs import chain_network, merge
 
@@ -147,19 +148,13 @@ def test_mapped_weights_that_do_not_fit_are_read_again_by_their_exec() -> None:
     assert roomy.device.bytes_read == 4_000
 
 
-def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
-        tmp_path, monkeypatch, capsys, caplog) -> None:
-    """`masa compare --simulate --device` needs no cgroups: the simulator models the device."""
-    import json
-    import os
-
+def _big_chain_on_a_tiny_device(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A store with `big` (8 unprofiled copy-mode fc stages: each holds its 8 MiB of
+    weights once loaded), a workload of two `big` jobs, and an 80 MiB device whose
+    card reads 20 MB/s: Bulk, loading `big` whole, is killed there."""
     from test_device import _prepare, fc_chain
 
-    from masa.cli.main import main
-
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     store = tmp_path / "store"
-    # Unprofiled copy-mode stages: each holds its 8 MiB of weights once loaded.
     _prepare(tmp_path, store, "big", fc_chain(1, 8, 1448, 1448), load_mode="copy",
              profile=False)
     workload = tmp_path / "w.yaml"
@@ -167,6 +162,19 @@ def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
                         "arrivals: {kind: periodic, interval_ms: 100, count: 2}\n")
     device = tmp_path / "d.yaml"
     device.write_text("name: tiny\nmemory: 80MiB\nstorage: {read: 20MB/s}\ncores: 2\n")
+    return store, workload, device
+
+
+def test_compare_simulate_on_a_device_predicts_bulks_kill_without_root(
+        tmp_path, monkeypatch, capsys, caplog) -> None:
+    """`masa compare --simulate --device` needs no cgroups: the simulator models the device."""
+    import json
+    import os
+
+    from masa.cli.main import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    store, workload, device = _big_chain_on_a_tiny_device(tmp_path)
     code = main(["compare", str(workload), "--store", str(store), "--device", str(device),
                  "--simulate", "--memory", "24MiB", "--json"])
     document = json.loads(capsys.readouterr().out)
@@ -348,19 +356,10 @@ def test_a_simulated_device_run_writes_its_trace_unless_predicted_killed(
     import json
     import os
 
-    from test_device import _prepare, fc_chain
-
     from masa.cli.main import main
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)  # no root needed
-    store = tmp_path / "store"
-    _prepare(tmp_path, store, "big", fc_chain(1, 8, 1448, 1448), load_mode="copy",
-             profile=False)
-    workload = tmp_path / "w.yaml"
-    workload.write_text("graph: [big]\ninput: random\n"
-                        "arrivals: {kind: periodic, interval_ms: 100, count: 2}\n")
-    device = tmp_path / "d.yaml"
-    device.write_text("name: tiny\nmemory: 80MiB\nstorage: {read: 20MB/s}\ncores: 2\n")
+    store, workload, device = _big_chain_on_a_tiny_device(tmp_path)
     common = ["run", str(workload), "--store", str(store), "--device", str(device),
               "--simulate", "--memory", "24MiB"]
     trace = tmp_path / "masa.json"
