@@ -1828,8 +1828,16 @@ simulating recorded cells again with every task's time scaled
   1055-1065 MiB). A cycle of mapped, locked files larger than the room through a
   cgroup (400 MiB of files, 370 MiB of room) was read in full every time, as an
   LRU would: Linux's active list and refault detection did not keep part of such
-  a cycle here. Where the CPU binds it misses DeepEye's thrash in heavy (-96%:
-  the pages re-read under the cap are not the weights it models), light (-47%,
+  a cycle here. Where the CPU binds it misses DeepEye's thrash in heavy (-96%),
+  which sits on a cliff in the model: with the cap 25, 50, 100 and 150 MiB
+  lower the calibrated simulation takes 11.1, 22.8, 76.0 and 176.7 s and reads
+  0.95, 2.97, 7.82 and 16.03 GiB (real: 259-276 s, 16.5-16.6 GiB), so about
+  150 MiB of memory the model does not see is enough. A run again on 2026-11-27 with
+  `masa run --device --trace` (16.5 GiB read) shows the spiral: after 60 s its
+  LOADs took 545 s, 439 s of them FC LOADs reading their weights from the card
+  again, the conv lane ran ahead, and by 100 s
+  251 MemNet and 132 FaceNet instances hold their conv outputs (the simulated
+  run has drained everything by 40 s); light (-47%,
   -52%), DeepEye at 2 GiB (mixed +32%, its three runs there 10.6-15.3 s;
   lifelogging +37%, where its workers idle more than the real ones),
   and single Masa runs near saturation: small at 0.7 (+74%, +32%, -38%: the
