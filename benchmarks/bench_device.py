@@ -693,6 +693,38 @@ def append_result(path: Path, record: dict[str, Any]) -> None:
         os.fsync(results.fileno())
 
 
+# The network whose stages, profiled again, tell how fast this machine's CPU is now.
+PROBE_NETWORK = "tinyyolo"
+# A run where the CPU binds, on a host whose CPU is slower than when the zoo was
+# profiled by more than this, is not its cell's experiment: it runs above the cell's
+# offered load for every policy, and its mean response grows with run length
+# (2026-11-26 and 27: 1.3-2.4x, a host shared with other work, at load average 0).
+MAX_HOST_CPU_SCALE = 1.15
+
+
+def host_cpu_scale(cache: Path, network: str = PROBE_NETWORK) -> float:
+    """This machine's CPU time per profiled CPU time now: `network`'s stages profiled
+    again (`masa profile --dry-run`, each stage alone, the median of 5 runs) over the
+    exec times its manifest recorded. About 4 s."""
+    directory = cache / network
+    profiled = yaml.safe_load((directory / MANIFEST_NAME).read_text())["stages"]
+    done = subprocess.run([sys.executable, "-m", "masa", "profile", "--dry-run", "--json",
+                           str(directory)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"host CPU probe: masa profile {directory} failed: "
+                         f"{done.stderr.strip().splitlines()[-1:]}")
+    now_us = sum(stage["profile"]["exec_time_us"] for stage in json.loads(done.stdout)["stages"])
+    return round(now_us / sum(stage["profile"]["exec_time_us"] for stage in profiled), 3)
+
+
+def host_too_slow(scale: float, cpu_binds: bool) -> str | None:
+    """Why a run must wait for a faster host, or None."""
+    if not cpu_binds or scale <= MAX_HOST_CPU_SCALE:
+        return None
+    return (f"the host's CPU is {scale:.2f}x the profile ({PROBE_NETWORK}'s stages, "
+            f"limit {MAX_HOST_CPU_SCALE}x) and the CPU binds in this cell")
+
+
 def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple[Cell, str]]:
     for cell in cells:
         for policy in POLICIES:
@@ -864,10 +896,19 @@ def run_grid(args: argparse.Namespace) -> None:
             store = store_of(cell, args)
             workload = cell_workload(cell, store, Path(scratch), read_bps,
                                      pin.cpu_factor_by_network)
+            scale_before = host_cpu_scale(store)
+            cpu_binds = not card_binds(stage_files_mib(prepare_run(workload, store, cell.context)),
+                                       cell.store == "copy", cell.budget_mib)
+            too_slow = None if args.ignore_host_speed else host_too_slow(scale_before, cpu_binds)
+            if too_slow:
+                print(f"{cell.key} {policy}: not run: {too_slow} (--ignore-host-speed runs "
+                      "it anyway)", flush=True)
+                continue
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
             record = run_policy(cell, policy, store, workload, bases[base_key], pin)
+            record["host_cpu_scale"] = [scale_before, host_cpu_scale(store)]
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "
@@ -1372,6 +1413,14 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "machine's CPU ran 1.9-2.2x slower than the profile on 2026-11-27); in their "
         "simulation the rule changes nothing.",
         "",
+        "**The host's speed.** This machine is shared: since 2026-11-26 its CPU has run "
+        "1.3-2.4x slower than when the zoo was profiled, at a load average near 0 (the "
+        "probe: tinyyolo's stages profiled again, `python benchmarks/bench_device.py "
+        "--probe-host`). Each run since records the probe before and after it "
+        "(`host_cpu_scale`), and a cell where the CPU binds does not run while the host "
+        f"is more than {MAX_HOST_CPU_SCALE}x slower (`--ignore-host-speed` runs it anyway): "
+        "there every policy would run above the cell's offered load.",
+        "",
         "## Set-up",
         "",
         f"- Device: the `{BOARD}` preset's storage (44 MB/s reads through a blkio "
@@ -1837,7 +1886,12 @@ simulating recorded cells again with every task's time scaled
   LOADs took 545 s, 439 s of them FC LOADs reading their weights from the card
   again, the conv lane ran ahead, and by 100 s
   251 MemNet and 132 FaceNet instances hold their conv outputs (the simulated
-  run has drained everything by 40 s); light (-47%,
+  run has drained everything by 40 s). The cliff's other side: run again on
+  2026-11-27 on a host whose CPU was 1.9-2.4x slower than the profile
+  (`--probe-host`), the same cell took DeepEye 25.1 s and read 1.2 GiB, no spiral
+  (the CPU, not memory, held the jobs back: on average 22.4 s of a job's 25.1 s
+  passed before its TinyYOLO ended), and the calibrated simulation with every task 1.75x slower
+  predicts 24.4 s and 0.94 GiB; light (-47%,
   -52%), DeepEye at 2 GiB (mixed +32%, its three runs there 10.6-15.3 s;
   lifelogging +37%, where its workers idle more than the real ones),
   and single Masa runs near saturation: small at 0.7 (+74%, +32%, -38%: the
@@ -1891,7 +1945,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sensitivity", type=lambda t: [k for k in t.split(",") if k],
                         default=[], help="print the named cells' simulated means with every "
                         "task's time scaled 1.0-1.4x (keys as for --rerun); nothing written")
+    parser.add_argument("--ignore-host-speed", action="store_true",
+                        help="run the cells where the CPU binds even when this machine's "
+                        f"CPU is more than {MAX_HOST_CPU_SCALE}x slower than the profile")
+    parser.add_argument("--probe-host", action="store_true",
+                        help="print this machine's CPU time per profiled time now "
+                        f"({PROBE_NETWORK}'s stages profiled again) and exit")
     args = parser.parse_args(argv)
+    if args.probe_host:
+        scale = host_cpu_scale(args.cache)
+        print(f"host CPU: {scale:.2f}x the profile ({PROBE_NETWORK}'s stages); the cells "
+              f"where the CPU binds run at most {MAX_HOST_CPU_SCALE}x")
+        return 0
     if args.sensitivity:
         sensitivity(args)
         return 0
