@@ -1881,7 +1881,13 @@ simulating recorded cells again with every task's time scaled
   which sits on a cliff in the model: with the cap 25, 50, 100 and 150 MiB
   lower the calibrated simulation takes 11.1, 22.8, 76.0 and 176.7 s and reads
   0.95, 2.97, 7.82 and 16.03 GiB (real: 259-276 s, 16.5-16.6 GiB), so about
-  150 MiB of memory the model does not see is enough. A run again on 2026-11-27 with
+  150 MiB of memory the model does not see is enough. The six networks' stage
+  files are 958.6 MiB and the cap 1078 MiB; the calibrated simulation's
+  anonymous memory peaks at 115.4 MiB, which leaves the page cache 4 MiB more
+  than the files, so it reads each once. The spiral sets in between 25 and 50
+  MiB less (above), and the real process's memory is within 30 MiB of the
+  ledger's either side: once FC stage files are evicted, the next LOADs read
+  them again, jobs wait longer holding their outputs, and anonymous memory grows. A run again on 2026-11-27 with
   `masa run --device --trace` (16.5 GiB read) shows the spiral: after 60 s its
   LOADs took 545 s, 439 s of them FC LOADs reading their weights from the card
   again, the conv lane ran ahead, and by 100 s
@@ -1891,7 +1897,8 @@ simulating recorded cells again with every task's time scaled
   (`--probe-host`), the same cell took DeepEye 25.1 s and read 1.2 GiB, no spiral
   (the CPU, not memory, held the jobs back: on average 22.4 s of a job's 25.1 s
   passed before its TinyYOLO ended), and the calibrated simulation with every task 1.75x slower
-  predicts 24.4 s and 0.94 GiB; light (-47%,
+  predicts 24.4 s and 0.94 GiB; the cgroup's page cache held all 958.8 MiB of
+  stage files from 30 s to the end, its anonymous memory 79-131 MiB; light (-47%,
   -52%), DeepEye at 2 GiB (mixed +32%, its three runs there 10.6-15.3 s;
   lifelogging +37%, where its workers idle more than the real ones),
   and single Masa runs near saturation: small at 0.7 (+74%, +32%, -38%: the
