@@ -1440,8 +1440,8 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "- Each run: real, on the emulated device (memory source measured), then simulated "
         "on the same device model (masa.runtime.virtual.DeviceModel: LOAD = profiled time "
         "+ missed file bytes / bandwidth, an LRU page cache of the files' bytes in the "
-        "room the cap leaves, a kill when base + anonymous memory exceeds the cap) with "
-        "the same jobs and the "
+        "room the cap leaves, which a file enters when its read ends, a kill when "
+        "base + anonymous memory exceeds the cap) with the same jobs and the "
         "measured base; calibrated, each task's time x its network's pinned CPU factor and "
         f"the executor's dispatch time ({pin.dispatch_us} us, `--measure-dispatch`) after "
         "every task.",
@@ -1591,18 +1591,25 @@ simulating recorded cells again with every task's time scaled
   (0.9), mixed at 512 MiB +12% and +14% against Bulk, stochastic II at 0.7
   +8% (512 MiB) and +7% (1 GiB) against DeepEye; stochastic I at 512 MiB / 0.9
   is even (+0.5%). The calibrated simulator's masa/bulk ratio is now within 15
-  points in 30 of 32 card-bound cells (27 of 32 with the single runs
-  before): in all 17 where Masa runs as by default, and 13 of the 15 with its
-  read-ahead window. It misses mixed at 512 MiB with the window, by 15 and 16
+  points in 31 of 32 card-bound cells (27 of 32 with the single runs
+  before): in all 17 where Masa runs as by default, and 14 of the 15 with its
+  read-ahead window. It missed mixed at 512 MiB with the window, by 15 and 16
   points at 0.7 and 0.9 (each run twice, 2026-11-27, 13496b1: Masa 12.1-12.2 s
-  every run against Bulk's 10.6-10.8 s, simulated 12.0 s against 12.3 s).
-  There the simulator gets Masa's reads with the window right (2018 MiB
-  against 2034 real) and Bulk's wrong: the kernel still held 863 MiB of the
-  stage files at Bulk's LOADs, where the simulated LRU holds 513, so Bulk read
-  1751 MiB, not 2037. The same gap makes the simulated reads too high for
-  every unbounded policy in mixed at 512 MiB but DeepEye (2019-2037 MiB
-  simulated against 1642-2212 real at 0.7 and 0.9), evenly enough for Masa
-  and Bulk that their ratio holds.
+  every run against Bulk's 10.6-10.8 s, simulated 12.0 s against 12.3 s):
+  the kernel still held 863 MiB of the stage files at Bulk's LOADs, where the
+  simulated LRU held 513, so Bulk read 1751 MiB, not 2037. A run with
+  `--trace` shows why: Bulk starts EmotionNet's fc6 and fc7 LOADs together,
+  and fc7's file, cached, is locked before fc6's read has evicted anything,
+  where the simulator put fc6's whole file into its cache as the read began
+  and evicted fc7's at once. Since a file enters the simulated cache when its
+  read ends (*The simulator*, below), Bulk there is simulated at 10.0 s
+  (1653 MiB read) and the ratio at +20% against +13% and +14%. It now misses
+  lifelogging at 1 GiB / 0.9 with the window, by 28 points (Masa 19.3 s
+  against Bulk's 20.0 s, one run each; simulated 19.2 s against 15.3 s):
+  Bulk's LOADs there found as much missing as simulated (1948 MiB, 1892
+  simulated), but the card read 2490 MiB, 542 MiB more than they missed,
+  which the simulator does not model (Bulk's other lifelogging runs at
+  1 GiB: 255-409 MiB more).
 - **Since 2026-11-26 a LOAD locks its cached pages before it reads the rest**
   (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it;
   the figures in this bullet are the first run of each; bullets below written
@@ -1641,6 +1648,9 @@ simulating recorded cells again with every task's time scaled
   at 1 GiB before the change, wrong for mixed). The real runs now record the
   bytes their LOADs found cached beside the simulator's prediction (the last
   line of the simulator section), so the next model can be checked LOAD by LOAD.
+  Checked so on 2026-11-27, against the runs recorded since (where Masa loads
+  cached stages first), a file entering the cache when its read ends was
+  adopted (*The simulator*, below).
 - **The first grid's CPU-bound cells are superseded.** It planned with a profile
   measured on a busy machine that was not kept; profiled again on a quiet
   machine, each scenario's jobs have 2.6-5.8x less CPU work, so wherever the
@@ -1855,18 +1865,28 @@ simulating recorded cells again with every task's time scaled
   pinned factors (they set the workloads). Multipliers of 1.08 and 1.16 gave 41
   and 40 of 48, medians -9% and -4%.
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and
-  the bytes read from the card (median 0.95x). Calibrated (each network's CPU
+  the bytes read from the card (median 0.97x). Calibrated (each network's CPU
   factor alone, the multiplier beside another task, the dispatch time), its mean
   response is within 30% in 96 of 96 runs where the card binds and 41 of 51
   where the CPU binds (33 of 39 counting each group of repeated cells as one
-  experiment); the masa/bulk ratio is within 15 points in 30 of 32 where the
+  experiment); the masa/bulk ratio is within 15 points in 31 of 32 where the
   card binds (since the card-bound cells were run again on the cached-first
   code and averaged, first bullet; before, it missed in five: mixed with
   copied weights at 1 GiB, lifelogging at 1 GiB / 0.9, and three cells with
-  Masa's read-ahead window run before that code; now it misses the two
-  read-ahead cells of mixed at 512 MiB, and none of the 17 cells where Masa runs
-  as by default) and 17 of 17 where the CPU binds (these counts
-  include the read-ahead rows). Where
+  Masa's read-ahead window run before that code; then in the two read-ahead
+  cells of mixed at 512 MiB; now in lifelogging at 1 GiB / 0.9 with the
+  window, and none of the 17 cells where Masa runs as by default) and 17 of
+  17 where the CPU binds (these counts include the read-ahead rows). Since
+  2026-11-27 a LOAD's missing bytes enter the simulated page cache when its
+  read ends, not when it starts (a LOAD of a file still being read waits for
+  that read and reads nothing): every run simulated again, the stage-file
+  bytes missing at the LOADs' start came to the measured ones (mean absolute
+  error over 72 runs 9.3% -> 3.9%, within 10% in 47 -> 63; Bulk in mixed at
+  512 MiB 1653 MiB against 1677 real, 2037 before; in lifelogging at 1 GiB
+  1892 against 1923-1948, 2404 before), the mean response where the card
+  binds moved from a median +0% (range -22% to +16%) to -2% (-23% to +5%),
+  the bytes read from a median 0.99x to 0.97x (range 0.06-1.30x to
+  0.06-1.16x), the CPU-bound runs and every kill as they were. Where
   the card binds it used to miss lifelogging at 1 GiB (+50%), mixed with copied
   weights at 1 GiB (+45-64%) and stochastic I at 1 GiB (ratio +18 and +21
   points): its page cache evicted whole files, so a stage file of 100 MiB went
@@ -1879,15 +1899,18 @@ simulating recorded cells again with every task's time scaled
   LRU would: Linux's active list and refault detection did not keep part of such
   a cycle here. Where the CPU binds it misses DeepEye's thrash in heavy (-96%),
   which sits on a cliff in the model: with the cap 25, 50, 100 and 150 MiB
-  lower the calibrated simulation takes 11.1, 22.8, 76.0 and 176.7 s and reads
-  0.95, 2.97, 7.82 and 16.03 GiB (real: 259-276 s, 16.5-16.6 GiB), so about
-  150 MiB of memory the model does not see is enough. The six networks' stage
+  lower the calibrated simulation takes 12.3, 19.8, 129.1 and 120.4 s and
+  reads 1.12, 2.46, 9.99 and 10.55 GiB (real: 259-276 s, 16.5-16.6 GiB; with
+  files entering its cache as their read began, before 2026-11-27, 11.1,
+  22.8, 76.0 and 176.7 s, 0.95, 2.97, 7.82 and 16.03 GiB), so 50-100 MiB of
+  memory the model does not see turn it into the spiral. The six networks' stage
   files are 958.6 MiB and the cap 1078 MiB; the calibrated simulation's
   anonymous memory peaks at 115.4 MiB, which leaves the page cache 4 MiB more
-  than the files, so it reads each once. The spiral sets in between 25 and 50
-  MiB less (above), and the real process's memory is within 30 MiB of the
-  ledger's either side: once FC stage files are evicted, the next LOADs read
-  them again, jobs wait longer holding their outputs, and anonymous memory grows. A run again on 2026-11-27 with
+  than the files, so it reads each once, and the real process's memory is
+  within 30 MiB of the ledger's either side: once FC stage files are evicted,
+  the next LOADs read
+  them again, jobs wait longer holding their outputs, and anonymous memory
+  grows. A run again on 2026-11-27 with
   `masa run --device --trace` (16.5 GiB read) shows the spiral: after 60 s its
   LOADs took 545 s, 439 s of them FC LOADs reading their weights from the card
   again, the conv lane ran ahead, and by 100 s
@@ -1896,7 +1919,8 @@ simulating recorded cells again with every task's time scaled
   2026-11-27 on a host whose CPU was 1.9-2.4x slower than the profile
   (`--probe-host`), the same cell took DeepEye 25.1 s and read 1.2 GiB, no spiral
   (the CPU, not memory, held the jobs back: on average 22.4 s of a job's 25.1 s
-  passed before its TinyYOLO ended), and the calibrated simulation with every task 1.75x slower
+  passed before its TinyYOLO ended), and the calibrated simulation with every
+  task 1.75x slower
   predicts 24.4 s and 0.94 GiB; the cgroup's page cache held all 958.8 MiB of
   stage files from 30 s to the end, its anonymous memory 79-131 MiB; light (-47%,
   -52%), DeepEye at 2 GiB (mixed +32%, its three runs there 10.6-15.3 s;

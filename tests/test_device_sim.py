@@ -212,6 +212,42 @@ def test_concurrent_cold_loads_share_the_storage() -> None:
     assert sorted(_durations(result, "load")) == [100 + MB, 100 + 2 * MB]
 
 
+def test_a_file_enters_the_page_cache_when_its_read_ends() -> None:
+    """Room for 3 MB of page cache, n0's 2 MB cached by job 0. Job 1's LOAD of n1
+    (2 MB, cold) starts reading at 10 s; job 2's LOAD of n0 starts 100 us later,
+    while the read goes on: nothing has been evicted for n1 yet, so n0 is found
+    whole (the model that filled the cache when a read began evicted 1 MB of n0
+    there, read again by job 2)."""
+    graph = merge([chain_network(0, 0, [100], load_us=100),
+                   chain_network(1, 1, [100], load_us=100, release_us=10 * MB),
+                   chain_network(2, 0, [100], load_us=100, release_us=10 * MB + 100)])
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB),
+              ("n1", "s0"): StageStorage(file_bytes=2 * MB)}
+    result = simulate_graph(graph, policy=MasaPolicy(cache_first=False), workers=2,
+                            memory_budget_bytes=10_000, device=_device(BASE + 3 * MB, stages))
+    loads = {e.task_id: e.end_us - e.start_us for e in result.schedule
+             if e.task_id.endswith("/load")}
+    assert loads == {"j0/n0/s0/load": 100 + 2 * MB, "j1/n1/s0/load": 100 + 2 * MB,
+                     "j2/n0/s0/load": 100}
+    assert result.device.bytes_read == 4 * MB
+    assert (result.device.load_misses, result.device.load_hits) == (2, 1)
+
+
+def test_a_load_of_a_file_being_read_waits_for_that_read_and_reads_nothing() -> None:
+    """Two jobs' LOADs of the same cold file, 100 us apart: the file is read once,
+    and the second LOAD ends when the read has (not at once, as from the cache)."""
+    graph = merge([chain_network(0, 0, [100], load_us=100),
+                   chain_network(1, 0, [100], load_us=100, release_us=100)])
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB)}
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=10_000,
+                            device=_device(100 * MB, stages))
+    loads = {e.task_id: (e.start_us, e.end_us) for e in result.schedule
+             if e.task_id.endswith("/load")}
+    assert loads == {"j0/n0/s0/load": (0, 100 + 2 * MB),
+                     "j1/n0/s0/load": (100, 100 + 2 * MB)}
+    assert result.device.bytes_read == 2 * MB
+
+
 def test_tasks_that_run_side_by_side_take_the_shared_cpu_multiplier() -> None:
     """Alone a task takes cpu_factor x its profile; dispatched beside another (together,
     or while one runs) that x shared_cpu_multiplier again."""

@@ -207,6 +207,20 @@ class _PageCache:
         self.files[key] = size
         self.whole.add(key)
 
+    def use(self, key: tuple[str, str]) -> None:
+        """A LOAD uses the file's cached part: the most recently used now."""
+        if key in self.files:
+            self.files.move_to_end(key)
+
+    def fill(self, key: tuple[str, str], read_bytes: int, size: int) -> None:
+        """Bytes read from storage enter the cache, the most recently used."""
+        before = self.files.pop(key, 0)
+        cached = min(size, before + read_bytes)
+        self.cached_bytes += cached - before
+        self.files[key] = cached
+        if cached == size:
+            self.whole.add(key)
+
     def shrink_to(self, room_bytes: int) -> None:
         """Evict unpinned files' bytes, least recently used first, until they fit
         `room_bytes`."""
@@ -241,6 +255,11 @@ class DeviceBackend(VirtualBackend):
         # LOADs still reading from storage: task id -> (read end, direct bytes not
         # yet in use; the ledger reserves them from the start).
         self._reading: dict[str, tuple[int, int]] = {}
+        # Stage files being read: key -> (read end, bytes). They enter the page cache
+        # when the read ends, not when it starts: until then the kernel has not
+        # had to evict anything for them, and a LOAD starting meanwhile finds its
+        # own file as cached as it was.
+        self._filling: dict[tuple[str, str], tuple[int, int]] = {}
         self._state: SchedulerState | None = None
         self._ended_at_us: dict[str, int] = {}  # a task's end, before the dispatch time
         if not device.cold_cache:
@@ -274,7 +293,9 @@ class DeviceBackend(VirtualBackend):
         key, storage = self._storage(task)
         extra_us = 0
         if task.kind is TaskKind.LOAD:
-            missing = self.cache.missing_bytes(key, storage.file_bytes)
+            self._fill_until(self.clock_us)
+            read_end_us, in_flight = self._filling.get(key, (0, 0))
+            missing = max(0, self.cache.missing_bytes(key, storage.file_bytes) - in_flight)
             if self.outcome.killed_at_us is None:  # what the run did before its kill
                 self.outcome.bytes_read += missing
                 self.outcome.load_misses += bool(missing)
@@ -282,9 +303,13 @@ class DeviceBackend(VirtualBackend):
                 self.outcome.stage_file_bytes_loaded += storage.file_bytes
                 self.outcome.stage_file_bytes_cached_at_load += storage.file_bytes - missing
             extra_us = self._queued_read_us(self.device.read_us(missing))
+            if in_flight:  # another LOAD reads the same file: wait for its read
+                extra_us = max(extra_us, read_end_us - self.clock_us)
             if extra_us and task.memory_bytes:
                 self._reading[task.task_id] = (self.clock_us + extra_us, task.memory_bytes)
-            self.cache.touch(key, storage.file_bytes)
+            self.cache.use(key)
+            if missing:
+                self._filling[key] = (self.clock_us + extra_us, in_flight + missing)
             if storage.mapped_bytes:
                 self.cache.pins[key] = self.cache.pins.get(key, 0) + 1
                 self.mapped_loaded_bytes += storage.mapped_bytes
@@ -323,15 +348,27 @@ class DeviceBackend(VirtualBackend):
     def _reads_end_before(self, next_event_us: int | None) -> None:
         """Until the next event nothing is reserved or freed, but LOADs whose read
         ends before it start to use their direct memory: memory grows at each of
-        those moments, so the cap is checked there."""
+        those moments, so the cap is checked there; and the files they read enter
+        the page cache then, evicting what no longer fits."""
         if next_event_us is None:
             return
-        ending = sorted(read_end_us for read_end_us, _ in self._reading.values()
-                        if self.clock_us < read_end_us < next_event_us)
+        ending = sorted({read_end_us for read_end_us, _ in self._reading.values()
+                         if self.clock_us < read_end_us < next_event_us}
+                        | {read_end_us for read_end_us, _ in self._filling.values()
+                           if read_end_us <= next_event_us})
         for read_end_us in ending:
+            self._fill_until(read_end_us)
             self._check_memory(read_end_us)
         self._reading = {task_id: read for task_id, read in self._reading.items()
                          if read[0] >= next_event_us}
+
+    def _fill_until(self, at_us: int) -> None:
+        """The stage files whose read has ended by `at_us` enter the page cache."""
+        for key, (read_end_us, read_bytes) in sorted(self._filling.items(),
+                                                    key=lambda item: item[1][0]):
+            if read_end_us <= at_us:
+                del self._filling[key]
+                self.cache.fill(key, read_bytes, self.device.stages[key].file_bytes)
 
     def _queued_read_us(self, read_us: int) -> int:
         """The wait for the storage (one read at a time, first come first served, as
