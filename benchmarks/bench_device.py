@@ -926,10 +926,13 @@ def run_grid(args: argparse.Namespace) -> None:
 # page shows their average. Move it when a change to the real executor
 # (masa/runtime/threads.py, model_prep, workloads) makes later runs a different one.
 REPEATS_SINCE = "2026-11-25T00:34:30"
-# Where the card binds, since a LOAD locks its cached pages before reading the rest
-# (472e478): it reads less there; elsewhere every page is cached and it costs a LOAD
-# about 2.4 ms per 288 MiB (lock_in on a cached file: 3.8-3.9 ms against 1.4 ms).
-CARD_REPEATS_SINCE = "2026-11-26T20:23:02"
+# Where the card binds, since a LOAD reads its missing pages with pread and
+# waits for no other LOAD's read while it locks the pages it found cached (before,
+# from 2026-11-26T20:23:02, 472e478: since a LOAD locks its cached pages before
+# reading the rest). Both change what a LOAD reads only where part of its file is
+# cached and other LOADs read: where every page stays cached (the CPU-bound cells)
+# nothing is read after the first job, and the runs there stay repeats.
+CARD_REPEATS_SINCE = "2026-11-27T12:03:51"
 
 
 def repeats_since(record: dict[str, Any]) -> str:

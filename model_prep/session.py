@@ -43,6 +43,7 @@ import gc
 import mmap
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,6 +209,7 @@ def lock_in(path: str | Path) -> LockedPages | None:
         return None
     if mapping.size_bytes == 0:
         return None
+    _read_ranges(path, mapping.missing)
     if mapping.locked and _mlock(mapping.address, mapping.size_bytes):
         return LockedPages(mapping.address, mapping.size_bytes)
     LIBC.munmap(ctypes.c_void_p(mapping.address), ctypes.c_size_t(mapping.size_bytes))
@@ -245,6 +247,16 @@ class _Mapping:
     size_bytes: int
     locked: bool  # every run of cached pages was locked (or there was none)
     any_cached: bool
+    missing: tuple[tuple[int, int], ...] = ()  # (begin, end) byte ranges not cached
+
+
+# Held while a LOAD locks the pages it found cached; `_read_ranges` waits for it
+# between chunks. Under a memory cap every page read reclaims the oldest pages,
+# and a file last used a job ago is among them: on the emulated Pi a LOAD that
+# began beside another one's read found its 64 MiB file cached, but the read
+# evicted the pages faster than mlock walked them, and the lock read 53-64 MiB
+# of them again in 2.4-3.2 s (lifelogging at 1 GiB, four of eight such LOADs).
+_LOCKING_CACHED = threading.Lock()
 
 
 def _map_locking_cached(path: str | Path) -> _Mapping | None:
@@ -252,6 +264,11 @@ def _map_locking_cached(path: str | Path) -> _Mapping | None:
     no I/O). None where it cannot be mapped or libc lacks mlock."""
     if LIBC is None or not hasattr(LIBC, "mlock"):
         return None
+    with _LOCKING_CACHED:
+        return _map_and_lock_resident(path)
+
+
+def _map_and_lock_resident(path: str | Path) -> _Mapping | None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
@@ -263,12 +280,41 @@ def _map_locking_cached(path: str | Path) -> _Mapping | None:
     if address is None or address == MAP_FAILED:
         return None
     resident = resident_pages(address, size)
-    if resident is None:
-        return _Mapping(address, size, True, False)  # unknown: the caller locks it all
-    runs = [(run.start() * mmap.PAGESIZE, min(size, run.end() * mmap.PAGESIZE))
-            for run in re.finditer(rb"\x01+", resident)]
+    if resident is None:  # unknown: the caller reads and locks it all
+        return _Mapping(address, size, True, False, ((0, size),))
+    runs = _page_runs(rb"\x01+", resident, size)
     locked = all(_mlock(address + begin, end - begin) for begin, end in runs)
-    return _Mapping(address, size, locked, bool(runs))
+    return _Mapping(address, size, locked, bool(runs), _page_runs(rb"\x00+", resident, size))
+
+
+def _page_runs(pattern: bytes, pages: bytes, size: int) -> tuple[tuple[int, int], ...]:
+    """The byte ranges of the runs of pages matching `pattern` (mincore bytes)."""
+    return tuple((run.start() * mmap.PAGESIZE, min(size, run.end() * mmap.PAGESIZE))
+                 for run in re.finditer(pattern, pages))
+
+
+def _read_ranges(path: str | Path, ranges: tuple[tuple[int, int], ...],
+                 chunk_bytes: int = 1 << 20) -> None:
+    """Read these byte ranges of the file into the page cache (pread, into one
+    reused buffer: nothing is kept), giving way between chunks to any LOAD that
+    is locking its cached pages (`_LOCKING_CACHED`)."""
+    if not ranges:
+        return
+    buffer = bytearray(chunk_bytes)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for begin, end in ranges:
+            offset = begin
+            while offset < end:
+                with _LOCKING_CACHED:
+                    pass
+                got = os.preadv(fd, [memoryview(buffer)[:min(chunk_bytes, end - offset)]],
+                                offset)
+                if got <= 0:
+                    break
+                offset += got
+    finally:
+        os.close(fd)
 
 
 def _mlock(address: int, size_bytes: int) -> bool:
