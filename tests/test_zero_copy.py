@@ -262,6 +262,30 @@ def test_hold_cached_locks_only_the_pages_already_cached_and_reads_nothing(
     locked.unlock()
 
 
+def test_lock_in_reads_the_missing_pages_before_it_locks_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The missing pages come in by pread, so the whole-file mlock finds every page
+    cached and faults nothing in: mlock's own page faults would read them under the
+    process's mmap lock, while the reads evict the pages another LOAD is locking."""
+    path = _evicted_weights_file(tmp_path, 4 * MIB)
+    if page_cache_bytes(path) != 0:
+        pytest.skip("this file system keeps a file's pages (tmpfs): nothing to evict")
+    with open(path, "rb") as handle:  # the second MiB cached
+        handle.seek(MIB)
+        handle.read(MIB)
+    cached_at_mlock: list[tuple[int, int | None]] = []
+    real_mlock = session_module.LIBC.mlock
+    monkeypatch.setattr(session_module.LIBC, "mlock", lambda address, size: (
+        cached_at_mlock.append((size.value, page_cache_bytes(path)))
+        or real_mlock(address, size)))
+    locked = lock_in(path)
+    assert locked is not None
+    (first_bytes, cached_first), (whole_bytes, cached_whole) = cached_at_mlock
+    assert first_bytes < 4 * MIB and cached_first is not None and cached_first < 4 * MIB
+    assert (whole_bytes, cached_whole) == (4 * MIB, 4 * MIB)
+    locked.unlock()
+
+
 def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _evicted_weights_file(tmp_path, 3 * MIB)
