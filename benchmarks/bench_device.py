@@ -1424,6 +1424,25 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         f"is more than {MAX_HOST_CPU_SCALE}x slower (`--ignore-host-speed` runs it anyway): "
         "there every policy would run above the cell's offered load.",
         "",
+        "**A neighbour's read no longer evicts what a LOAD found cached.** Since "
+        "2026-11-27 (9d18fcb) a LOAD reads its missing pages with pread before it locks "
+        "its file, and a read gives way to a LOAD that is locking the pages it found "
+        "cached (docs/scheduling.md, Cached pages first): before, a LOAD begun beside "
+        "another one's read lost its cached pages to that read and read them again. The "
+        "14 card-bound cells of the 512 MiB-1 GiB columns were run again on it for all "
+        "three policies, one run each, on a host 1.3-2.5x slower than the profile (the "
+        "card binds there); the grid shows these runs, the read-ahead and "
+        "copied-weights rows the runs from before. Where part of the files stays cached "
+        "between jobs the baselines now read what their LOADs miss and no more: Bulk in "
+        "lifelogging at 1 GiB 16.3 and 16.5 s (2038 and 2065 MiB read; before, 17.8 and "
+        "19.1 s, 2203 and 2380 MiB), DeepEye 17.1 and 17.0 s (18.8, 19.8 s), DeepEye "
+        "in mixed at 512 MiB 10.8 and 11.2 s (12.3, 12.5 s). Masa, which loads cached "
+        "stages first and so seldom starts such a pair, is where it was (within 0.4 s "
+        "in every cell). It is the fastest in 12 of the 14 cells (-19% to -34% in "
+        "mixed, lifelogging and stochastic II; -0.1% and -1.7% in stochastic I at 1 GiB) "
+        "and loses stochastic I at 512 MiB to DeepEye by 0.6% and 2.5% (2.15 s against "
+        "2.14 s, 2.33 s against 2.28 s), where every policy reads about 1.7 GiB.",
+        "",
         "## Set-up",
         "",
         f"- Device: the `{BOARD}` preset's storage (44 MB/s reads through a blkio "
@@ -1612,7 +1631,10 @@ simulating recorded cells again with every task's time scaled
   Bulk's LOADs there found as much missing as simulated (1948 MiB, 1892
   simulated), but the card read 2490 MiB, 542 MiB more than they missed,
   which the simulator does not model (Bulk's other lifelogging runs at
-  1 GiB: 255-409 MiB more).
+  1 GiB: 255-409 MiB more): pages a neighbouring LOAD's read evicted before
+  the LOAD locked them, which the executor no longer loses since 9d18fcb (the
+  plain lifelogging cells run again on it: Bulk read 2038 and 2065 MiB for
+  1950 and 1948 missing, 88-117 MiB more).
 - **Since 2026-11-26 a LOAD locks its cached pages before it reads the rest**
   (472e478; the card-bound cells of the 512 MiB-1 GiB columns run again on it;
   the figures in this bullet are the first run of each; bullets below written
