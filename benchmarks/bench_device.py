@@ -1440,8 +1440,9 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "stages first and so seldom starts such a pair, is where it was (within 0.4 s "
         "in every cell). It is the fastest in 12 of the 14 cells (-19% to -34% in "
         "mixed, lifelogging and stochastic II; -0.1% and -1.7% in stochastic I at 1 GiB) "
-        "and loses stochastic I at 512 MiB to DeepEye by 0.6% and 2.5% (2.15 s against "
-        "2.14 s, 2.33 s against 2.28 s), where every policy reads about 1.7 GiB.",
+        "and loses stochastic I at 512 MiB by 1.2% to Bulk and 1.5% to DeepEye (run "
+        "twice: 2.15 s against 2.12 s at 0.7, 2.32 s against 2.28 s at 0.9), where "
+        "every job is one network and every policy reads about 1.7 GiB.",
         "",
         "## Set-up",
         "",
