@@ -495,11 +495,11 @@ def exec_ratio_by_network(report: dict[str, Any]) -> dict[str, float]:
 
 
 def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
-               base_bytes: int, pin: Pin) -> dict[str, Any]:
-    """One policy of one cell: for real on the emulated device, then simulated."""
+               base_bytes: int, pin: Pin, prepared: PreparedRun) -> dict[str, Any]:
+    """One policy of one cell (`prepared`: its workload on `cache`): for real on the
+    emulated device, then simulated."""
     budget_bytes = cell.budget_mib * MIB
     device = board(base_bytes + budget_bytes)
-    prepared = prepare_run(workload, cache, cell.context)
     load_before = os.getloadavg()[0]
     started_s = time.perf_counter()
     run = run_emulated(check_emulation(device, cache),
@@ -886,6 +886,7 @@ def run_grid(args: argparse.Namespace) -> None:
     done |= {(cell.key, policy) for cell in cells for policy in POLICIES
              if policy not in args.policies and any(_names(p, cell.key) for p in args.rerun)}
     bases: dict[str, int] = {}
+    probes: dict[Path, float] = {}  # a store's probe after the last run: the next one's before
     deadline_s = time.monotonic() + 60 * args.max_minutes
     read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -896,19 +897,22 @@ def run_grid(args: argparse.Namespace) -> None:
             store = store_of(cell, args)
             workload = cell_workload(cell, store, Path(scratch), read_bps,
                                      pin.cpu_factor_by_network)
-            scale_before = host_cpu_scale(store)
-            cpu_binds = not card_binds(stage_files_mib(prepare_run(workload, store, cell.context)),
-                                       cell.store == "copy", cell.budget_mib)
+            scale_before = probes.pop(store, None) or host_cpu_scale(store)
+            prepared = prepare_run(workload, store, cell.context)
+            cpu_binds = not card_binds(stage_files_mib(prepared), cell.store == "copy",
+                                       cell.budget_mib)
             too_slow = None if args.ignore_host_speed else host_too_slow(scale_before, cpu_binds)
             if too_slow:
                 print(f"{cell.key} {policy}: not run: {too_slow} (--ignore-host-speed runs "
                       "it anyway)", flush=True)
+                probes[store] = scale_before
                 continue
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
-            record = run_policy(cell, policy, store, workload, bases[base_key], pin)
-            record["host_cpu_scale"] = [scale_before, host_cpu_scale(store)]
+            record = run_policy(cell, policy, store, workload, bases[base_key], pin, prepared)
+            probes[store] = host_cpu_scale(store)
+            record["host_cpu_scale"] = [scale_before, probes[store]]
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "

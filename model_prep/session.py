@@ -300,7 +300,7 @@ def _read_ranges(path: str | Path, ranges: tuple[tuple[int, int], ...],
     is locking its cached pages (`_LOCKING_CACHED`)."""
     if not ranges:
         return
-    buffer = bytearray(chunk_bytes)
+    buffer = memoryview(bytearray(chunk_bytes))
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         for begin, end in ranges:
@@ -308,8 +308,7 @@ def _read_ranges(path: str | Path, ranges: tuple[tuple[int, int], ...],
             while offset < end:
                 with _LOCKING_CACHED:
                     pass
-                got = os.preadv(fd, [memoryview(buffer)[:min(chunk_bytes, end - offset)]],
-                                offset)
+                got = os.preadv(fd, [buffer[:min(chunk_bytes, end - offset)]], offset)
                 if got <= 0:
                     break
                 offset += got
