@@ -2014,6 +2014,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"({PROBE_NETWORK}'s stages profiled again) and exit")
     args = parser.parse_args(argv)
     if args.probe_host:
+        ensure_zoo(args.cache)
         scale = host_cpu_scale(args.cache)
         print(f"host CPU: {scale:.2f}x the profile ({PROBE_NETWORK}'s stages); the cells "
               f"where the CPU binds run at most {MAX_HOST_CPU_SCALE}x")
