@@ -327,8 +327,10 @@ def measure_dispatch(args: argparse.Namespace) -> Pin:
 
 
 def current(results: Sequence[dict[str, Any]], pin: Pin) -> list[dict[str, Any]]:
-    """The records made on the pinned profile (the others are superseded)."""
-    return [r for r in results if r.get("profile") == pin.fingerprint]
+    """The records made on the pinned profile (the others are superseded) and not
+    withdrawn (`withdrawn`: why the run does not measure the code that ships)."""
+    return [r for r in results if r.get("profile") == pin.fingerprint
+            and not r.get("withdrawn")]
 
 
 # ------------------------------------------------------------------ one run
@@ -1060,6 +1062,15 @@ def superseded_lines(superseded: Sequence[dict[str, Any]]) -> list[str]:
         *cell_rows(superseded, only_run=True, side_of=lambda runs: "simulated"), ""]
 
 
+def withdrawn_lines(withdrawn: Sequence[dict[str, Any]]) -> list[str]:
+    if not withdrawn:
+        return []
+    reasons = sorted({r["withdrawn"] for r in withdrawn})
+    return ["### Withdrawn runs", "",
+            *(f"- {reason}" for reason in reasons), "",
+            *cell_rows(withdrawn, only_run=True, side_of=simulated_side), ""]
+
+
 def _paper(cell: Cell) -> str:
     if cell.context != "oblivious":
         return "Fig. 12: CA-wait fastest below p = 1"
@@ -1367,6 +1378,8 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
     pinned profile, and the superseded ones apart."""
     results = current(all_results, pin)
     superseded = [r for r in all_results if r.get("profile") != pin.fingerprint]
+    withdrawn = [r for r in all_results if r.get("withdrawn")
+                 and r.get("profile") == pin.fingerprint]
     cells = grid()
     by_cell = _by_cell(results)
     complete = sum(all(p in by_cell.get(c.key, {}) for p in POLICIES) for c in cells)
@@ -1489,6 +1502,7 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         *cell_rows(results),
         "",
         *superseded_lines(superseded),
+        *withdrawn_lines(withdrawn),
         f"![mean response per cell]({args.doc.with_suffix('.png').name})",
         "",
         "## The simulator against the emulated device",

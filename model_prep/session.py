@@ -51,7 +51,7 @@ import numpy as np
 import onnxruntime as ort
 
 from masa.common.libc import LIBC, MAP_FAILED, MAP_SHARED, PROT_READ
-from masa.common.procmem import resident_pages
+from masa.common.procmem import cachestat_bytes, resident_pages
 
 DEFAULT_INTRA_OP_THREADS = 1
 # A tiny Conv+Relu+Flatten+Gemm model (x: 1x3x8x8 -> y: 1x8; tests/test_zero_copy.py
@@ -210,7 +210,8 @@ def lock_in(path: str | Path) -> LockedPages | None:
     if mapping.size_bytes == 0:
         return None
     _read_ranges(path, mapping.missing)
-    if mapping.locked and _mlock(mapping.address, mapping.size_bytes):
+    # Nothing missing: the runs locked were the whole file (no second walk of it).
+    if mapping.locked and (not mapping.missing or _mlock(mapping.address, mapping.size_bytes)):
         return LockedPages(mapping.address, mapping.size_bytes)
     LIBC.munmap(ctypes.c_void_p(mapping.address), ctypes.c_size_t(mapping.size_bytes))
     read_in(path)
@@ -273,12 +274,18 @@ def _map_and_lock_resident(path: str | Path) -> _Mapping | None:
     try:
         size = os.fstat(fd).st_size
         address = LIBC.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0) if size else 0
+        whole_file_cached = bool(size) and cachestat_bytes(fd, size) == size
     finally:
         os.close(fd)
     if size == 0:
         return _Mapping(0, 0, True, False)
     if address is None or address == MAP_FAILED:
         return None
+    if whole_file_cached:
+        # Where the CPU binds every LOAD finds its file cached: one mlock, without
+        # mincore's byte per page and a lock per run, which made such a LOAD 2x
+        # slower (agenet's 37 MiB conv: 3.7 ms instead of 1.8, 2026-11-27).
+        return _Mapping(address, size, _mlock(address, size), True)
     resident = resident_pages(address, size)
     if resident is None:  # unknown: the caller reads and locks it all
         return _Mapping(address, size, True, False, ((0, size),))

@@ -22,7 +22,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from masa.cli.main import main as masa_main
-from masa.common.procmem import drop_cached, page_cache_bytes, process_memory_bytes
+from masa.common.procmem import (
+    cachestat_bytes,
+    drop_cached,
+    page_cache_bytes,
+    process_memory_bytes,
+)
 from masa.runtime.emulation import evict_files
 from masa.runtime.registry import weights_copied
 from masa.runtime.threads import _Stages
@@ -284,6 +289,32 @@ def test_lock_in_reads_the_missing_pages_before_it_locks_the_file(
     assert first_bytes < 4 * MIB and cached_first is not None and cached_first < 4 * MIB
     assert (whole_bytes, cached_whole) == (4 * MIB, 4 * MIB)
     locked.unlock()
+
+
+def test_lock_in_locks_a_wholly_cached_file_with_one_mlock_and_no_page_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU binds every LOAD finds its file cached: a byte per page from
+    mincore, a lock per run and a second whole-file mlock made such a LOAD 2x slower."""
+    path = _evicted_weights_file(tmp_path, 4 * MIB)
+    path.read_bytes()
+    with open(path, "rb") as handle:
+        if cachestat_bytes(handle.fileno(), 4 * MIB) != 4 * MIB:
+            pytest.skip("no cachestat(2) here (Linux < 6.5): the page scan decides")
+
+    def no_page_scan(address: int, size: int) -> bytes:
+        raise AssertionError("a wholly cached file was scanned page by page")
+
+    monkeypatch.setattr(session_module, "resident_pages", no_page_scan)
+    calls: list[int] = []
+    real_mlock = session_module.LIBC.mlock
+    monkeypatch.setattr(session_module.LIBC, "mlock",
+                        lambda address, size: calls.append(size.value) or real_mlock(address, size))
+    before = _locked_bytes()
+    locked = lock_in(path)
+    assert locked is not None and calls == [4 * MIB]
+    assert _locked_bytes() - before == 4 * MIB
+    locked.unlock()
+    assert _locked_bytes() == before
 
 
 def test_lock_in_reads_a_file_in_and_keeps_it_locked_until_unlocked(

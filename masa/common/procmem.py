@@ -161,14 +161,22 @@ def page_cache_bytes(path: str | Path) -> int | None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        stat = _Cachestat()
-        whole_file = _CachestatRange(0, 0)  # length 0: to the end of the file
-        if LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole_file), ctypes.byref(stat),
-                        0) == 0:
-            return min(size, stat.nr_cache * _PAGE_BYTES)
-        return _mincore_bytes(fd, size)
+        cached = cachestat_bytes(fd, size)
+        return cached if cached is not None else _mincore_bytes(fd, size)
     finally:
         os.close(fd)
+
+
+def cachestat_bytes(fd: int, size: int) -> int | None:
+    """Bytes of the open file `fd` (`size` bytes long) in the page cache now, by
+    cachestat(2); None where the kernel (before 6.5) or libc lacks it."""
+    if LIBC is None:
+        return None
+    stat = _Cachestat()
+    whole_file = _CachestatRange(0, 0)  # length 0: to the end of the file
+    if LIBC.syscall(_SYS_CACHESTAT, fd, ctypes.byref(whole_file), ctypes.byref(stat), 0) != 0:
+        return None
+    return min(size, stat.nr_cache * _PAGE_BYTES)
 
 
 def files_cached_bytes(paths: Iterable[str | Path]) -> tuple[int, int | None]:
