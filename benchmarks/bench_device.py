@@ -926,18 +926,22 @@ def run_grid(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the page
 
 
-# Runs of one cell and policy started since then ran the same real code (the executor,
-# the workloads and the pinned profile have not changed since the CPU-bound cells were
-# run again on 32f8608, committed then), so they are repeats of one experiment: the
-# page shows their average. Move it when a change to the real executor
-# (masa/runtime/threads.py, model_prep, workloads) makes later runs a different one.
-REPEATS_SINCE = "2026-11-25T00:34:30"
+# Runs of one cell and policy started since then ran the same real code on a host
+# of known speed, so they are repeats of one experiment: the page shows their
+# average. Where the CPU binds that is since 3d3c58d (a cached LOAD one mlock
+# again; the 19 runs before it on 0672196 are withdrawn): the runs of 2026-11-25
+# (32f8608, 4981863) ran on a host whose speed nobody probed, whose EXECs took
+# 1.3-1.5x their profiled time where those since take 1.0-1.1x at a probe of
+# 0.85-0.97x, so the same jobs were a heavier load there. Move it when a change
+# to the real executor (masa/runtime/threads.py, model_prep, workloads) makes
+# later runs a different experiment.
+REPEATS_SINCE = "2026-11-27T14:53:18"
 # Where the card binds, since a LOAD reads its missing pages with pread and
 # waits for no other LOAD's read while it locks the pages it found cached (before,
 # from 2026-11-26T20:23:02, 472e478: since a LOAD locks its cached pages before
 # reading the rest). Both change what a LOAD reads only where part of its file is
-# cached and other LOADs read: where every page stays cached (the CPU-bound cells)
-# nothing is read after the first job, and the runs there stay repeats.
+# cached and other LOADs read; where every page stays cached (the CPU-bound cells)
+# nothing is read after the first job (their repeats: `REPEATS_SINCE`).
 CARD_REPEATS_SINCE = "2026-11-27T12:03:51"
 
 
@@ -1486,9 +1490,10 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         f"the executor's dispatch time ({pin.dispatch_us} us, `--measure-dispatch`) after "
         "every task.",
         "- Figures: mean / p99 job response in seconds; *(n runs: ...)*: the cell was run "
-        f"n times on the same real code (since {REPEATS_SINCE}; where the card binds, "
-        f"since {CARD_REPEATS_SINCE}, when a LOAD began to lock its cached pages before "
-        "reading the rest), the figure is the "
+        f"n times on the same real code (where the CPU binds since {REPEATS_SINCE}, "
+        "when a cached LOAD became one mlock again, on a host probed at its speed; where "
+        f"the card binds since {CARD_REPEATS_SINCE}, when a LOAD began to read its "
+        "missing pages before it locks the file), the figure is the "
         "average of their means and p99s, each run's mean listed; "
         "*killed at t s (k jobs done)*: "
         "the run's OOM kill, t from the first job's start; *masa vs bulk*: Masa's mean "
