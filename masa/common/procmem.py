@@ -14,7 +14,8 @@ than the standard library and psutil:
 - `process_memory_bytes()`: the full split through psutil (smaps_rollup), for
   reports;
 - `page_cache_bytes(path)`: how much of a file is in memory (cachestat, or
-  mincore), for the stage data files a LOAD maps: those pages are the stage's
+  mincore; `cachestat_bytes(fd, size)` the cachestat part alone, for an open
+  file), for the stage data files a LOAD maps: those pages are the stage's
   weights, held for it whether or not the process has touched them yet, and a
   memory cgroup is charged for them; `files_cached_bytes(paths)` the same over a
   LOAD's files before it starts (what it finds without reading storage);
