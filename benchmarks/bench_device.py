@@ -1445,12 +1445,11 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         f"is more than {MAX_HOST_CPU_SCALE}x slower (`--ignore-host-speed` runs it anyway): "
         "there every policy would run above the cell's offered load. On the afternoon "
         "of 2026-11-27 (a fresh machine) it read 0.85-0.97x, and the CPU-bound cells ran "
-        "again on the code that ships (47 of their 51 runs; mixed over 120 s DeepEye "
-        "and the read-ahead row keep their runs of 2026-11-25). Their EXECs took "
+        "again on the code that ships (all 51 runs). Their EXECs took "
         "0.92-1.31x their profiled time (median 1.09x) where the runs of 2026-11-25, on "
         "a host nobody probed, took 1.2-2.1x (1.44x): the pinned CPU factors (fitted "
         "on those) make the calibrated simulation slower than these runs (median "
-        "+18%), so its count within 30% fell from 41 to 35 of 51; scaling it by each "
+        "+18%), so its count within 30% fell from 41 to 31 of 51; scaling it by each "
         "run's probe is the next step. A cached LOAD had meanwhile become 1.5x slower "
         "(a page scan and two mlocks since 472e478 and 9d18fcb, one mlock again since "
         "3d3c58d, docs/scheduling.md); the 19 runs made before that mend are listed "
@@ -1648,9 +1647,10 @@ simulating recorded cells again with every task's time scaled
   (0.9), mixed at 512 MiB +12% and +14% against Bulk, stochastic II at 0.7
   +8% (512 MiB) and +7% (1 GiB) against DeepEye; stochastic I at 512 MiB / 0.9
   is even (+0.5%). The calibrated simulator's masa/bulk ratio is now within 15
-  points in 31 of 32 card-bound cells (27 of 32 with the single runs
-  before): in all 17 where Masa runs as by default, and 14 of the 15 with its
-  read-ahead window. It missed mixed at 512 MiB with the window, by 15 and 16
+  points in 32 of 32 card-bound cells (27 of 32 with the single runs
+  before): in all 17 where Masa runs as by default, and all 15 with its
+  read-ahead window (since lifelogging at 1 GiB / 0.9's baselines ran again on
+  69f92a2, below). It missed mixed at 512 MiB with the window, by 15 and 16
   points at 0.7 and 0.9 (each run twice, 2026-11-27, 13496b1: Masa 12.1-12.2 s
   every run against Bulk's 10.6-10.8 s, simulated 12.0 s against 12.3 s):
   the kernel still held 863 MiB of the stage files at Bulk's LOADs, where the
@@ -1660,7 +1660,7 @@ simulating recorded cells again with every task's time scaled
   where the simulator put fc6's whole file into its cache as the read began
   and evicted fc7's at once. Since a file enters the simulated cache when its
   read ends (*The simulator*, below), Bulk there is simulated at 10.0 s
-  (1653 MiB read) and the ratio at +20% against +13% and +14%. It now misses
+  (1653 MiB read) and the ratio at +20% against +13% and +14%. It then missed
   lifelogging at 1 GiB / 0.9 with the window, by 28 points (Masa 19.3 s
   against Bulk's 20.0 s, one run each; simulated 19.2 s against 15.3 s):
   Bulk's LOADs there found as much missing as simulated (1948 MiB, 1892
@@ -1892,8 +1892,8 @@ simulating recorded cells again with every task's time scaled
   lifelogging at 2 GiB: Masa 20.8 -> 18.1 s, Bulk 35.6 -> 43.4 s, DeepEye 16.6
   -> 21.1 s. On 2026-11-25 (slower host): small Masa 1.3-1.8 -> 2.8 s, Bulk
   17.3-20.3 -> 40.8 s, DeepEye 14.5-19.1 -> 43.4 s; mixed Masa 14.0-14.2 ->
-  17.6 s, Bulk 34.8-36.4 -> 61.6 s, DeepEye 13.0-16.3 -> 22.0 s (its 120 s
-  DeepEye run is the one shown); lifelogging Masa 22.9-26.6 -> 29.5 s, Bulk
+  17.6 s, Bulk 34.8-36.4 -> 61.6 s, DeepEye 13.0-16.3 -> 22.0 s (on 2026-11-27
+  DeepEye 11.6 -> 7.5 s); lifelogging Masa 22.9-26.6 -> 29.5 s, Bulk
   40.9-46.6 -> 74.0 s, DeepEye 18.5-24.4 -> 39.9 s. Masa's grows least (or
   falls); the baselines' queues grow without bound (their calibrated load is
   their own work at a rate set for Masa's), so the 60 s ratios understate
@@ -1939,17 +1939,18 @@ simulating recorded cells again with every task's time scaled
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and
   the bytes read from the card (median 0.97x). Calibrated (each network's CPU
   factor alone, the multiplier beside another task, the dispatch time), its mean
-  response is within 30% in 96 of 96 runs where the card binds and 35 of 51
-  where the CPU binds (26 of 39 counting each group of repeated cells as one
+  response is within 30% in 96 of 96 runs where the card binds and 31 of 51
+  where the CPU binds (22 of 39 counting each group of repeated cells as one
   experiment; 41 of 51 and 33 of 39 against the runs of 2026-11-25, on the
   slower host its CPU factors were fitted on); the masa/bulk ratio is within
-  15 points in 31 of 32 where the
+  15 points in 32 of 32 where the
   card binds (since the card-bound cells were run again on the cached-first
   code and averaged, first bullet; before, it missed in five: mixed with
   copied weights at 1 GiB, lifelogging at 1 GiB / 0.9, and three cells with
   Masa's read-ahead window run before that code; then in the two read-ahead
-  cells of mixed at 512 MiB; now in lifelogging at 1 GiB / 0.9 with the
-  window, and none of the 17 cells where Masa runs as by default) and 17 of
+  cells of mixed at 512 MiB; then in lifelogging at 1 GiB / 0.9 with the
+  window, until its baselines ran again on 69f92a2: Bulk 16.6 s, DeepEye
+  17.7 s, real ratio +17%, simulated +25%) and 17 of
   17 where the CPU binds (these counts include the read-ahead rows). Since
   2026-11-27 a LOAD's missing bytes enter the simulated page cache when its
   read ends, not when it starts (a LOAD of a file still being read waits for
@@ -2006,7 +2007,7 @@ simulating recorded cells again with every task's time scaled
   issue's "mean response within 30%" is finer than one real run repeats there,
   and the simulator meets it against the mean of the repeats. Of the acceptance
   targets "every kill predicted" and the ratio within 15 points hold in every
-  cell; the mean within 30% holds in every run where the card binds and in 35 of
+  cell; the mean within 30% holds in every run where the card binds and in 31 of
   51 where the CPU binds (above: the host ran faster than when the CPU factors
   were fitted)."""
 
