@@ -283,8 +283,9 @@ def _map_and_lock_resident(path: str | Path) -> _Mapping | None:
         return None
     if whole_file_cached:
         # Where the CPU binds every LOAD finds its file cached: one mlock, without
-        # mincore's byte per page and a lock per run, which made such a LOAD 2x
-        # slower (agenet's 37 MiB conv: 3.7 ms instead of 1.8, 2026-11-27).
+        # mincore's byte per page, a lock per run and a second whole-file lock,
+        # which made its lock_in 2x slower (agenet's 37 MiB conv: 3.7 ms instead of
+        # 1.8) and a small job's 21 LOADs 1.5x (32 ms instead of 21-22; 2026-11-27).
         return _Mapping(address, size, _mlock(address, size), True)
     resident = resident_pages(address, size)
     if resident is None:  # unknown: the caller reads and locks it all

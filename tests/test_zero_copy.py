@@ -294,7 +294,7 @@ def test_lock_in_reads_the_missing_pages_before_it_locks_the_file(
 def test_lock_in_locks_a_wholly_cached_file_with_one_mlock_and_no_page_scan(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the CPU binds every LOAD finds its file cached: a byte per page from
-    mincore, a lock per run and a second whole-file mlock made such a LOAD 2x slower."""
+    mincore, a lock per run and a second whole-file mlock made its lock 2x slower."""
     path = _evicted_weights_file(tmp_path, 4 * MIB)
     path.read_bytes()
     with open(path, "rb") as handle:
