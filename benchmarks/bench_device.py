@@ -186,9 +186,11 @@ class Pin:
     factors (each network's EXEC time on this emulated device per profiled time),
     which set the workloads: every record made on them carries their fingerprint.
     And what only the simulator uses (each record says which it was simulated with):
-    the executor's dispatch time per task (`measure_dispatch`), and each network's
-    CPU factor alone with the multiplier for a task beside another (`fit_contention`;
-    without them the simulator takes the CPU factors above for every task)."""
+    the executor's dispatch time per task (`measure_dispatch`), and each network's CPU
+    factor alone per unit of the host's probed speed (`host_cpu_scale`), its LOADs'
+    factor over its EXECs', the multiplier for a task beside another and the speed of
+    the host before it was probed (`fit_contention`; without them the simulator takes
+    the CPU factors above for every task)."""
     stores: dict[str, dict[str, list[Any]]]
     cpu_factor_by_network: dict[str, float]
     cpu_source: str = ""
@@ -197,12 +199,21 @@ class Pin:
     alone_cpu_factor_by_network: dict[str, float] = field(default_factory=dict)
     shared_cpu_multiplier: float = 1.0
     contention_source: str = ""
+    load_over_exec_by_network: dict[str, float] = field(default_factory=dict)
+    unprobed_host_cpu_scale: float = 1.0
 
-    def simulator_cpu(self) -> tuple[dict[str, float], float]:
-        """The simulator's CPU factors per network and its multiplier beside another task."""
-        if self.alone_cpu_factor_by_network:
-            return self.alone_cpu_factor_by_network, self.shared_cpu_multiplier
-        return self.cpu_factor_by_network, 1.0
+    def simulator_cpu(self, host_scale: float = 1.0
+                      ) -> tuple[dict[str, float], dict[str, float], float]:
+        """The simulator's CPU factors per network for EXECs and for LOADs on a host
+        probed at `host_scale`, and its multiplier beside another task."""
+        if not self.alone_cpu_factor_by_network:
+            return self.cpu_factor_by_network, {}, 1.0
+        exec_factors = {network: factor * host_scale
+                        for network, factor in self.alone_cpu_factor_by_network.items()}
+        load_factors = {network: exec_factors[network] * over
+                        for network, over in self.load_over_exec_by_network.items()
+                        if network in exec_factors}
+        return exec_factors, load_factors, self.shared_cpu_multiplier
 
     @property
     def fingerprint(self) -> str:
@@ -220,7 +231,9 @@ class Pin:
             "dispatch_source": self.dispatch_source,
             "alone_cpu_factor_by_network": self.alone_cpu_factor_by_network,
             "shared_cpu_multiplier": self.shared_cpu_multiplier,
-            "contention_source": self.contention_source, "stores": self.stores},
+            "contention_source": self.contention_source,
+            "load_over_exec_by_network": self.load_over_exec_by_network,
+            "unprobed_host_cpu_scale": self.unprobed_host_cpu_scale, "stores": self.stores},
             indent=1) + "\n")
 
 
@@ -229,7 +242,9 @@ def load_pin(path: Path) -> Pin:
     return Pin(raw.get("stores", {}), raw.get("cpu_factor_by_network", {}),
                raw.get("cpu_source", ""), raw.get("dispatch_us", 0),
                raw.get("dispatch_source", ""), raw.get("alone_cpu_factor_by_network", {}),
-               raw.get("shared_cpu_multiplier", 1.0), raw.get("contention_source", ""))
+               raw.get("shared_cpu_multiplier", 1.0), raw.get("contention_source", ""),
+               raw.get("load_over_exec_by_network", {}),
+               raw.get("unprobed_host_cpu_scale", 1.0))
 
 
 def _profiles(store: Path) -> dict[str, list[Any]]:
@@ -361,19 +376,28 @@ def job_work_us(prepared: PreparedRun, workers: int, read_bytes_per_s: int,
     return max(cpu_us, read_us)
 
 
-def calibrated_cpu_load(prepared: PreparedRun, workers: int, pin: Pin) -> float | None:
+def calibrated_cpu_load(prepared: PreparedRun, workers: int, pin: Pin,
+                        host_scale: float = 1.0) -> float | None:
     """The workers' utilisation the calibrated simulator sees at the run's arrival
-    rate: every task (LOADs too) x its network's CPU factor (beside another task, as
-    on busy workers), plus the dispatch time after each, / workers. The offered-load
-    label counts EXECs alone at the pinned factor and no dispatch; CA-wait's skipped
-    networks count here as run."""
+    rate on a host probed at `host_scale`: every task x its network's CPU factor
+    (its LOAD factor for LOADs; beside another task, as on busy workers), plus the
+    dispatch time after each, / workers. The offered-load label counts EXECs alone
+    at the pinned factor and no dispatch; CA-wait's skipped networks count here as
+    run."""
     arrivals_us = sorted(job.arrival_us for job in prepared.jobs)
     if len(arrivals_us) < 2 or arrivals_us[-1] == arrivals_us[0]:
         return None
     rate_per_us = (len(arrivals_us) - 1) / (arrivals_us[-1] - arrivals_us[0])
-    factors, shared = pin.simulator_cpu()
-    work_us = sum(task.duration_us * factors.get(task.network, 1.0) * shared
-                  + pin.dispatch_us for task in prepared.graph.tasks) / len(prepared.jobs)
+    exec_factors, load_factors, shared = pin.simulator_cpu(host_scale)
+
+    def factor(task: Any) -> float:
+        exec_factor = exec_factors.get(task.network, 1.0)
+        if task.kind is TaskKind.LOAD:
+            return load_factors.get(task.network, exec_factor)
+        return exec_factor
+
+    work_us = sum(task.duration_us * factor(task) * shared + pin.dispatch_us
+                  for task in prepared.graph.tasks) / len(prepared.jobs)
     return round(work_us * rate_per_us / workers, 2)
 
 
@@ -464,19 +488,30 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "exec_ratio": time_ratio(report),
         "load_ratio": time_ratio(report, "load"),
         "exec_ratio_by_network": exec_ratio_by_network(report),
+        "load_ratio_by_network": exec_ratio_by_network(report, "load", CACHED_AFTER),
     }
 
 
-def _time_by_network(report: dict[str, Any], kind: str) -> dict[str, tuple[int, int]]:
+# A network's instances after this many (in arrival order) find its stage files
+# cached where the CPU binds: the first reads them from the card, the second may
+# start while that read goes on.
+CACHED_AFTER = 2
+
+
+def _time_by_network(report: dict[str, Any], kind: str, skip_first: int = 0
+                     ) -> dict[str, tuple[int, int]]:
     """Per network, its EXEC (or LOAD) time in the run and its profiled time (us),
     summed over the instances that ran to their end (CA-wait skips some, CA-preempt
-    aborts some)."""
+    aborts some), after each network's first `skip_first`."""
     profiled_us = report.get("meta", {}).get(f"profiled_{kind}_us_by_network") or {}
     totals: dict[str, tuple[int, int]] = {}
-    for job in report.get("jobs", []):
+    seen: dict[str, int] = {}
+    for job in sorted(report.get("jobs", []), key=lambda job: job["arrival_us"]):
         for network in job["networks"]:
             name = network["network"]
-            if network["status"] == "done" and name in profiled_us:
+            seen[name] = seen.get(name, 0) + 1
+            if (network["status"] == "done" and name in profiled_us
+                    and seen[name] > skip_first):
                 spent_us, graph_us = totals.get(name, (0, 0))
                 totals[name] = (spent_us + network[f"{kind}_us"], graph_us + profiled_us[name])
     return totals
@@ -490,16 +525,20 @@ def time_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
     return round(spent_us / graph_us, 3) if spent_us and graph_us else None
 
 
-def exec_ratio_by_network(report: dict[str, Any]) -> dict[str, float]:
-    return {name: round(spent_us / graph_us, 3)
-            for name, (spent_us, graph_us) in _time_by_network(report, "exec").items()
+def exec_ratio_by_network(report: dict[str, Any], kind: str = "exec", skip_first: int = 0
+                          ) -> dict[str, float]:
+    """Per network, its EXEC (or LOAD) time in the run per profiled time (after its
+    first `skip_first` instances)."""
+    return {name: round(spent_us / graph_us, 3) for name, (spent_us, graph_us)
+            in _time_by_network(report, kind, skip_first).items()
             if spent_us and graph_us}
 
 
-def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
-               base_bytes: int, pin: Pin, prepared: PreparedRun) -> dict[str, Any]:
+def run_policy(cell: Cell, policy: str, cache: Path, workload: Path, base_bytes: int,
+               pin: Pin, prepared: PreparedRun, probe_before: float) -> dict[str, Any]:
     """One policy of one cell (`prepared`: its workload on `cache`): for real on the
-    emulated device, then simulated."""
+    emulated device, the host's speed probed again (`probe_before`: before it), then
+    simulated at that speed."""
     budget_bytes = cell.budget_mib * MIB
     device = board(base_bytes + budget_bytes)
     load_before = os.getloadavg()[0]
@@ -521,41 +560,55 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path,
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
               "cap_mib": round(device.memory_cap_bytes / MIB, 1),
               "stage_files_mib": stage_files_mib(prepared),
-              "calibrated_cpu_load": calibrated_cpu_load(prepared, cell.workers, pin),
-              "real": _stats(real)}
+              "host_cpu_scale": [probe_before, host_cpu_scale(cache)], "real": _stats(real)}
+    record["calibrated_cpu_load"] = calibrated_cpu_load(prepared, cell.workers, pin,
+                                                        host_scale_of(record, pin))
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
         record.update(simulate(policy, prepared, device, base_bytes, cell, pin,
-                               cache_first=record["cache_first"]))
+                               host_scale_of(record, pin), cache_first=record["cache_first"]))
     return record
+
+
+def host_scale_of(record: dict[str, Any], pin: Pin) -> float:
+    """The host's CPU time per profiled time during a recorded run: the mean of its
+    probes before and after it, or for a run made before the host was probed the
+    speed fitted on such runs (`Pin.unprobed_host_cpu_scale`)."""
+    probes = record.get("host_cpu_scale")
+    return round(float(np.mean(probes)), 3) if probes else pin.unprobed_host_cpu_scale
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
              cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True
              ) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
-    calibrated ("simulated_cpu": each network's tasks x its CPU factor (`Pin.simulator_cpu`,
-    x `scale`), x the multiplier beside another task, and the executor's dispatch time
-    after every task). `cache_first`: whether masa's cached-stages-first rule ran."""
+    calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
+    host probed at `scale` (`Pin.simulator_cpu`), x the multiplier beside another
+    task, and the executor's dispatch time after every task). `cache_first`: whether
+    masa's cached-stages-first rule ran."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB,
                            read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
-    factors, shared = pin.simulator_cpu()
-    # (side, CPU factor per network, multiplier beside another task, dispatch time)
-    sides: list[tuple[str, dict[str, float], float, int]] = [("simulated", {}, 1.0, 0)]
-    if factors:
-        sides.append(("simulated_cpu", {name: factors.get(name, 1.0) * scale
+    exec_factors, load_factors, shared = pin.simulator_cpu(scale)
+    # (side, CPU factor per network for EXECs and for LOADs, multiplier beside
+    # another task, dispatch time)
+    sides: list[tuple[str, dict[str, float], dict[str, float], float, int]] = [
+        ("simulated", {}, {}, 1.0, 0)]
+    if exec_factors:
+        sides.append(("simulated_cpu", {name: exec_factors.get(name, 1.0)
                                         for name in prepared.workload.networks},
-                      shared, pin.dispatch_us))
+                      load_factors, shared, pin.dispatch_us))
     figures: dict[str, Any] = {}
-    for side, cpu_by_network, multiplier, dispatch_us in sides:
+    for side, cpu_by_network, load_by_network, multiplier, dispatch_us in sides:
         report = simulated_device_report(prepared, settings, device_model(
             prepared.manifests, device, base_bytes, cpu_factor_by_network=cpu_by_network,
-            shared_cpu_multiplier=multiplier, dispatch_us=dispatch_us), device, meta)
+            shared_cpu_multiplier=multiplier, dispatch_us=dispatch_us,
+            load_cpu_factor_by_network=load_by_network), device, meta)
         figures[side] = _stats(report)
-    if factors:
+    if exec_factors:
         figures["simulated_dispatch_us"] = pin.dispatch_us
         figures["simulated_shared_cpu_multiplier"] = shared
+        figures["simulated_host_cpu_scale"] = scale
     return figures
 
 
@@ -590,54 +643,104 @@ def fit_cpu(results: Sequence[dict[str, Any]]) -> dict[str, float]:
             for network, found in sorted(ratios.items())}
 
 
-def fit_contention(results: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float, int]:
-    """Each network's EXEC time alone and the multiplier beside another task, from the
-    cells where the CPU binds (memory estimates as profiled): Bulk runs one network's
-    EXECs one after another, so its EXEC time per profiled time is the network's
-    factor alone (median over the cells); Masa's and DeepEye's EXECs mostly run
-    beside another task, and the median of their time over Bulk's, per network and
-    cell, is the multiplier (a lower bound: some of their EXECs ran alone). And the
-    number of cells."""
+def fit_contention(results: Sequence[dict[str, Any]], pin: Pin
+                   ) -> tuple[dict[str, float], float, int, float, int]:
+    """Each network's EXEC time alone per unit of host speed, the multiplier beside
+    another task and the speed of the host before it was probed, from the latest runs
+    of the cells where the CPU binds (memory estimates as profiled, the host probed):
+    Bulk runs one network's EXECs one after another, so its EXEC time per profiled
+    time over the run's probe (`host_scale_of`) is the network's factor alone (median
+    over the cells); Masa's and DeepEye's EXECs mostly run beside another task, and
+    the median of their time over Bulk's, per network and cell, each over its run's
+    probe, is the multiplier (a lower bound: some of their EXECs ran alone). The
+    unprobed host: the median over Bulk's cached runs made before probing began of
+    their EXEC time per profiled time over the factors alone. And the counts of
+    cells and of unprobed runs."""
     alone: dict[str, list[float]] = {}
     shared: list[float] = []
     cells = 0
     for runs in _by_cell(results).values():
         if (set(runs) != set(POLICIES) or bound_by(runs["masa"]) != "cpu"
                 or runs["masa"].get("memory_scale", 1.0) != 1.0
-                or any(r["real"]["status"] != "finished" for r in runs.values())):
+                or any(r["real"]["status"] != "finished" or not r.get("host_cpu_scale")
+                       for r in runs.values())):
             continue
         cells += 1
-        bulk = runs["bulk"]["real"].get("exec_ratio_by_network") or {}
+        bulk = {network: ratio / host_scale_of(runs["bulk"], pin) for network, ratio
+                in (runs["bulk"]["real"].get("exec_ratio_by_network") or {}).items()}
         for network, ratio in bulk.items():
             alone.setdefault(network, []).append(ratio)
         for policy in ("masa", "deepeye"):
             for network, ratio in (runs[policy]["real"].get("exec_ratio_by_network")
                                    or {}).items():
                 if bulk.get(network):
-                    shared.append(ratio / bulk[network])
+                    shared.append(ratio / host_scale_of(runs[policy], pin) / bulk[network])
     if not alone or not shared:
-        raise SystemExit("--fit-contention: no cell where the CPU binds has finished runs "
-                         "of all three policies")
-    return ({network: round(float(np.median(found)), 3)
-             for network, found in sorted(alone.items())},
-            round(float(np.median(shared)), 3), cells)
+        raise SystemExit("--fit-contention: no cell where the CPU binds has finished, "
+                         "probed runs of all three policies")
+    factors = {network: round(float(np.median(found)), 3)
+               for network, found in sorted(alone.items())}
+    unprobed = [ratio / factors[network] for record in results
+                if record["policy"] == "bulk" and not record.get("host_cpu_scale")
+                and is_cached(record) and record.get("memory_scale", 1.0) == 1.0
+                for network, ratio in (record["real"].get("exec_ratio_by_network")
+                                       or {}).items() if network in factors]
+    unprobed_runs = sum(1 for record in results if record["policy"] == "bulk"
+                        and not record.get("host_cpu_scale") and is_cached(record)
+                        and record.get("memory_scale", 1.0) == 1.0)
+    return (factors, round(float(np.median(shared)), 3), cells,
+            round(float(np.median(unprobed)), 3) if unprobed else 1.0, unprobed_runs)
+
+
+def fit_load_over_exec(results: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int]:
+    """Each network's LOAD time per profiled LOAD time over its EXEC time per profiled
+    EXEC time, in the same run (the host's speed and the contention cancel): the
+    median over the latest runs, of every policy, of the cells where the CPU binds
+    whose records carry LOAD times past each network's first instances (its stage
+    files cached; `CACHED_AFTER`). The profiler times a session's creation alone; a
+    run's LOAD also maps and locks the file and hands the session over. And the
+    number of runs."""
+    ratios: dict[str, list[float]] = {}
+    runs = 0
+    for by_policy in _by_cell(results).values():
+        for record in by_policy.values():
+            loads = record["real"].get("load_ratio_by_network")
+            if (not loads or bound_by(record) != "cpu" or record["real"]["status"] != "finished"
+                    or record.get("memory_scale", 1.0) != 1.0):
+                continue
+            runs += 1
+            execs = record["real"].get("exec_ratio_by_network") or {}
+            for network, ratio in loads.items():
+                if execs.get(network):
+                    ratios.setdefault(network, []).append(ratio / execs[network])
+    return ({network: round(float(np.median(found)), 2)
+             for network, found in sorted(ratios.items())}, runs)
 
 
 def pin_contention(args: argparse.Namespace) -> Pin:
-    """Fit the simulator's CPU factors alone and its multiplier (`fit_contention`) on
-    the recorded runs and pin them (then --resimulate)."""
+    """Fit the simulator's CPU factors alone, its multiplier, the unprobed host's speed
+    (`fit_contention`) and its LOADs' factors (`fit_load_over_exec`) on the recorded
+    runs and pin them (then --resimulate)."""
     pin = load_pin(args.pin)
     results = current(load_results(args.results), pin)
-    alone, shared, cells = fit_contention(results)
+    alone, shared, cells, unprobed, unprobed_runs = fit_contention(results, pin)
+    load_over_exec, load_runs = fit_load_over_exec(results)
     pin = replace(pin, alone_cpu_factor_by_network=alone, shared_cpu_multiplier=shared,
+                  unprobed_host_cpu_scale=unprobed, load_over_exec_by_network=load_over_exec,
                   contention_source=(
-                      f"Bulk's EXEC time per profiled time (its EXECs run alone), median "
-                      f"per network; beside another task x the median of Masa's and "
-                      f"DeepEye's EXEC time over Bulk's, per network and cell, in the "
-                      f"{cells} cells where the CPU binds ({datetime.now(UTC).date()}; "
-                      f"`--fit-contention`)"))
+                      f"Bulk's EXEC time per profiled time (its EXECs run alone) over its "
+                      f"run's host probe, median per network; beside another task x the "
+                      f"median of Masa's and DeepEye's EXEC time over Bulk's (each over "
+                      f"its probe), per network and cell, in the {cells} cells where the "
+                      f"CPU binds; the host before it was probed: {unprobed}x, Bulk's "
+                      f"EXEC time over the factors alone in its {unprobed_runs} cached "
+                      f"runs of then; LOADs over EXECs: median per network over the "
+                      f"{load_runs} runs that recorded their LOADs once cached "
+                      f"({datetime.now(UTC).date()}; `--fit-contention`)"))
     pin.save(args.pin)
-    print(f"alone: {alone}; beside another task x{shared}", flush=True)
+    print(f"alone per unit of host speed: {alone}; beside another task x{shared}; "
+          f"unprobed host {unprobed}x ({unprobed_runs} runs); LOADs over EXECs "
+          f"{load_over_exec} ({load_runs} runs)", flush=True)
     return pin
 
 
@@ -768,13 +871,16 @@ def resimulate(args: argparse.Namespace) -> None:
             if record.get("profile") != pin.fingerprint:
                 continue
             record["stage_files_mib"] = stage_files_mib(prepared)
-            record["calibrated_cpu_load"] = calibrated_cpu_load(prepared, cell.workers, pin)
+            host_scale = host_scale_of(record, pin)
+            record["calibrated_cpu_load"] = calibrated_cpu_load(prepared, cell.workers, pin,
+                                                                host_scale)
             if cell.memory_scale != 1.0:
                 continue
             device, base_bytes = recorded_device(record, cell)
             record.pop("simulated_cpu", None)
             record.update(simulate(simulated_policy(record), prepared, device, base_bytes,
-                                   cell, pin, cache_first=record.get("cache_first", False)))
+                                   cell, pin, host_scale,
+                                   cache_first=record.get("cache_first", False)))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -826,7 +932,7 @@ def sensitivity(args: argparse.Namespace) -> None:
                 means = []
                 for scale in SENSITIVITY_SCALES:
                     sim = simulate(simulated_policy(record), prepared, device, base_bytes,
-                                   cell, pin, scale,
+                                   cell, pin, host_scale_of(record, pin) * scale,
                                    cache_first=record.get("cache_first", False))["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
@@ -912,9 +1018,9 @@ def run_grid(args: argparse.Namespace) -> None:
             base_key = f"{workload.read_text()}|{cell.context}|{store}"
             if base_key not in bases:
                 bases[base_key] = measure_base(cell, store, workload)
-            record = run_policy(cell, policy, store, workload, bases[base_key], pin, prepared)
-            probes[store] = host_cpu_scale(store)
-            record["host_cpu_scale"] = [scale_before, probes[store]]
+            record = run_policy(cell, policy, store, workload, bases[base_key], pin, prepared,
+                                scale_before)
+            probes[store] = record["host_cpu_scale"][1]
             append_result(args.results, record)
             real, sim = record["real"], record.get("simulated") or {}
             print(f"{cell.key} {policy}: {real['status']} mean {real['mean_ms']} ms "
@@ -1268,11 +1374,17 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
     factors = ", ".join(f"{network} {factor}x"
                         for network, factor in sorted(pin.cpu_factor_by_network.items()))
     sides = [("simulated", "With the profile's CPU times")]
-    alone, shared = pin.simulator_cpu()
-    if pin.alone_cpu_factor_by_network:
-        cpu = ("each network's tasks x its CPU factor alone ("
-               + ", ".join(f"{network} {factor}x" for network, factor in alone.items())
-               + f"), x{shared} when they start beside another task ({pin.contention_source})")
+    alone = pin.alone_cpu_factor_by_network
+    shared = pin.shared_cpu_multiplier if alone else 1.0
+    if alone:
+        cpu = ("each network's EXECs x its CPU factor alone per unit of the host's probed "
+               "speed (" + ", ".join(f"{network} {factor}x" for network, factor in alone.items())
+               + ") x the run's probe (the mean of those before and after it; "
+               f"{pin.unprobed_host_cpu_scale}x for the runs before the host was probed), "
+               f"x{shared} when they start beside another task ({pin.contention_source}); "
+               "its LOADs x that factor x the LOAD's own ("
+               + ", ".join(f"{network} {over}x" for network, over
+                           in pin.load_over_exec_by_network.items()) + ")")
     else:
         cpu = (f"each network's tasks x its pinned CPU factor ({factors}; other networks "
                f"as profiled; {pin.cpu_source})")
@@ -1281,10 +1393,11 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                       f"time, {pin.dispatch_us} us after every task ({pin.dispatch_source})"))
     stale = [r for r in results if r.get("simulated_cpu")
              and (r.get("simulated_dispatch_us", 0) != pin.dispatch_us
-                  or r.get("simulated_shared_cpu_multiplier", 1.0) != shared)]
+                  or r.get("simulated_shared_cpu_multiplier", 1.0) != shared
+                  or (alone and "simulated_host_cpu_scale" not in r))]
     if stale:
-        lines += [f"**{len(stale)} runs were simulated with another dispatch time or "
-                  "multiplier than the pinned ones: run `--resimulate`.**", ""]
+        lines += [f"**{len(stale)} runs were simulated with another dispatch time, "
+                  "multiplier or host speed than the pinned ones: run `--resimulate`.**", ""]
     fitted = fit_cpu(results)
     if fitted:
         lines += ["The same factors measured again in this grid's runs whose stage files "

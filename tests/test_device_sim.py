@@ -281,6 +281,21 @@ def test_a_network_with_its_own_cpu_factor_takes_it_and_the_shared_multiplier() 
     assert _durations(alone, "exec") == [100]
 
 
+def test_a_network_with_its_own_load_factor_takes_it_for_loads_only() -> None:
+    """load_cpu_factor_by_network sets a network's LOAD time per profiled time (the
+    profiler times a session's creation alone); its EXECs keep the network's CPU
+    factor, and a network without one loads at that factor too."""
+    device = DeviceModel(100 * MB, BASE, None, {}, cpu_factor=0.5,
+                         cpu_factor_by_network={"n0": 0.25},
+                         load_cpu_factor_by_network={"n0": 3.0})
+    run = simulate_graph(merge([chain_network(0, 0, [100], load_us=100, exec_us=400),
+                                chain_network(1, 1, [100], load_us=100, exec_us=400)]),
+                         workers=1, memory_budget_bytes=10_000, device=device)
+    by_task = {e.task_id: e.end_us - e.start_us for e in run.schedule}
+    assert by_task == {"j0/n0/s0/load": 300, "j0/n0/s0/exec": 100,
+                       "j1/n1/s0/load": 50, "j1/n1/s0/exec": 200}, by_task
+
+
 def test_a_simulated_device_run_keeps_context_aware_conditions(tmp_path) -> None:
     """CA-wait on a simulated device: a downstream network whose label is never drawn
     is skipped, so its stage files are never read from the card."""

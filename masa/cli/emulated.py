@@ -132,13 +132,15 @@ def stage_storage(manifests: Mapping[str, NetworkManifest]) -> dict[tuple[str, s
 def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                  runtime_base_bytes: int, cpu_factor: float = 1.0,
                  cpu_factor_by_network: Mapping[str, float] | None = None,
-                 shared_cpu_multiplier: float = 1.0, dispatch_us: int = 0) -> DeviceModel:
+                 shared_cpu_multiplier: float = 1.0, dispatch_us: int = 0,
+                 load_cpu_factor_by_network: Mapping[str, float] | None = None) -> DeviceModel:
     return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
                        runtime_base_bytes=runtime_base_bytes,
                        read_bytes_per_s=device.read_bytes_per_s,
                        stages=stage_storage(manifests), cold_cache=device.cold_cache,
                        cpu_factor=cpu_factor,
                        cpu_factor_by_network=dict(cpu_factor_by_network or {}),
+                       load_cpu_factor_by_network=dict(load_cpu_factor_by_network or {}),
                        shared_cpu_multiplier=shared_cpu_multiplier, dispatch_us=dispatch_us)
 
 

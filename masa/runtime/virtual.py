@@ -145,6 +145,11 @@ class DeviceModel:
     # off by a different amount for each network (small stages pay more fixed cost
     # per run). A network named here takes its factor instead of cpu_factor.
     cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
+    # Per network, its LOADs' time per profiled LOAD time where it is not the factor
+    # above: the profiler times a session's creation alone, a run's LOAD also maps
+    # and locks the file and hands the session to its worker (2-4 ms more per stage
+    # on this host, 3-6x the network's EXEC factor).
+    load_cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
     # A task that starts while another runs takes this much longer again: cores that
     # share caches and memory bandwidth, or a host's hyperthreads, run two tasks at
     # once slower than one alone. The factors above are then times alone.
@@ -155,11 +160,14 @@ class DeviceModel:
     # is held that long after each task; the task's recorded end is not moved.
     dispatch_us: int = 0
 
-    def cpu_us(self, duration_us: int, running_tasks: int, network: str = "") -> int:
+    def cpu_us(self, duration_us: int, running_tasks: int, network: str = "",
+               load: bool = False) -> int:
         """A task's CPU time on the device: its profiled time x its network's factor
-        (or cpu_factor), x shared_cpu_multiplier when other tasks run as it starts
-        (`running_tasks` counts itself)."""
+        (a LOAD's own factor if it has one, else cpu_factor), x shared_cpu_multiplier
+        when other tasks run as it starts (`running_tasks` counts itself)."""
         factor = self.cpu_factor_by_network.get(network, self.cpu_factor)
+        if load:
+            factor = self.load_cpu_factor_by_network.get(network, factor)
         if running_tasks > 1:
             factor *= self.shared_cpu_multiplier
         return round(duration_us * factor)
@@ -249,9 +257,9 @@ class DeviceBackend(VirtualBackend):
         self.cache = _PageCache()
         self.mapped_loaded_bytes = 0
         self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
-        # Started since the last wait: (sequence, task id, network, profiled us,
-        # storage us).
-        self._starting: list[tuple[int, str, str, int, int]] = []
+        # Started since the last wait: (sequence, task id, network, a LOAD?,
+        # profiled us, storage us).
+        self._starting: list[tuple[int, str, str, bool, int, int]] = []
         # LOADs still reading from storage: task id -> (read end, direct bytes not
         # yet in use; the ledger reserves them from the start).
         self._reading: dict[str, tuple[int, int]] = {}
@@ -320,7 +328,7 @@ class DeviceBackend(VirtualBackend):
         # Its end is fixed at the next wait, once every task of this decision has
         # started: tasks dispatched together share the CPU alike.
         self._starting.append((self._sequence, task.task_id, task.network,
-                               task.duration_us, extra_us))
+                               task.kind is TaskKind.LOAD, task.duration_us, extra_us))
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
         for task_id in task_ids:
@@ -330,9 +338,9 @@ class DeviceBackend(VirtualBackend):
 
     def wait(self, deadline_us: int | None) -> list[Completion]:
         running = len(self._running)
-        for sequence, task_id, network, duration_us, extra_us in self._starting:
+        for sequence, task_id, network, load, duration_us, extra_us in self._starting:
             if task_id in self._running:
-                cpu_us = self.device.cpu_us(duration_us, running, network)
+                cpu_us = self.device.cpu_us(duration_us, running, network, load)
                 end_us = self.clock_us + cpu_us + extra_us
                 if self.device.dispatch_us:
                     self._ended_at_us[task_id] = end_us
