@@ -2030,7 +2030,9 @@ simulating recorded cells again with every task's time scaled
   same executor, one run each, probes 0.84-0.95x; the page averages each with
   its run on 3d3c58d): small at 512 MiB / 0.7 0.9 / 13.7 / 13.4 s, mixed at
   1 GiB / 0.7 10.4 / 24.5 / 10.5 s, lifelogging at 2 GiB 20.7 / 34.3 / 16.0 s,
-  stochastic I at 2 GiB 36.6 / 48.0 / 40.1 s, light 2.2 / 12.2 / 4.3 s. With memory
+  stochastic I at 2 GiB 36.6 / 48.0 / 40.1 s, light 2.2 / 12.2 / 4.3 s; and
+  DeepEye alone on 137a56a: mixed at 2 GiB 8.8 s (9.4 s before), lifelogging at
+  2 GiB 18.1 s (16.6 and 16.0 s), mixed at 1 GiB over 120 s 14.0 s (7.5 s). With memory
   estimates misjudged 0.5x and 1.5x Masa stayed within the cap with no
   over-commit and won (0.38x and 0.40x Bulk; -19% and -15% against DeepEye;
   before the re-run the 1.5x cell was a +10% loss). Masa loses to DeepEye at
@@ -2233,8 +2235,9 @@ simulating recorded cells again with every task's time scaled
   cell; the mean within 30% holds in every run where the card binds and in 42 of
   51 where the CPU binds. Since a8688de (each run at its probed host speed,
   LOADs at their own factor, 500 us dispatch) it misses there: DeepEye at 2 GiB
-  and over 120 s, simulated slower than it ran (mixed +32%, lifelogging +47%,
-  mixed over 120 s +52%, with the read-ahead window +46%: there its simulated
+  and over 120 s, simulated slower than it ran (mixed +34%, lifelogging +48%,
+  mixed over 120 s +64%, against the mean of two or three runs each, which move
+  by up to 1.9x; with the read-ahead window +46%, one run: there its simulated
   LOADs, cold reads included, take 1.14-1.24x the real ones' time per profiled
   time, Masa's 1.04-1.12x, Bulk's 1.03-1.11x: the LOAD factors are medians
   over the three policies), DeepEye's thrash in heavy (-93%), light (Masa -32%,
