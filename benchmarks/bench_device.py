@@ -362,7 +362,6 @@ def fit_dispatch(args: argparse.Namespace) -> Pin:
     pin = pinned_stores(args)
     results = current(load_results(args.results), pin)
     cells = {c.key: c for c in grid()}
-    read_bps = load_device(BOARD).read_bytes_per_s or 1
     runs = [by_policy["bulk"] for by_policy in _by_cell(results).values()
             if "bulk" in by_policy and bound_by(by_policy["bulk"]) == "cpu"
             and by_policy["bulk"]["real"]["status"] == "finished"
@@ -370,11 +369,8 @@ def fit_dispatch(args: argparse.Namespace) -> Pin:
             and cells[by_policy["bulk"]["key"]].memory_scale == 1.0]
     errors_by_us: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
-        prepared = {record["key"]: prepare_run(
-            cell_workload(cells[record["key"]], store_of(cells[record["key"]], args),
-                          Path(scratch), read_bps, pin.cpu_factor_by_network),
-            store_of(cells[record["key"]], args), cells[record["key"]].context)
-            for record in runs}
+        prepared = {record["key"]: prepare_cell(cells[record["key"]], args, Path(scratch), pin)
+                    for record in runs}
         for dispatch_us in DISPATCH_CANDIDATES_US:
             trial = replace(pin, dispatch_us=dispatch_us)
             errors = []
@@ -382,7 +378,8 @@ def fit_dispatch(args: argparse.Namespace) -> Pin:
                 cell = cells[record["key"]]
                 device, base_bytes = recorded_device(record, cell)
                 simulated = simulate("bulk", prepared[record["key"]], device, base_bytes, cell,
-                                     trial, host_scale_of(record, pin))["simulated_cpu"]
+                                     trial, host_scale_of(record, pin),
+                                     calibrated_only=True)["simulated_cpu"]
                 errors.append(simulated["mean_ms"] / record["real"]["mean_ms"] - 1)
             errors_by_us[dispatch_us] = float(np.median(errors))
             print(f"dispatch {dispatch_us} us: Bulk's median error {errors_by_us[dispatch_us]:+.1%}"
@@ -471,6 +468,14 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
+def prepare_cell(cell: Cell, args: argparse.Namespace, scratch: Path, pin: Pin) -> PreparedRun:
+    """The cell's jobs (`cell_workload`) prepared on its store."""
+    store = store_of(cell, args)
+    workload = cell_workload(cell, store, scratch, load_device(BOARD).read_bytes_per_s or 1,
+                             pin.cpu_factor_by_network)
+    return prepare_run(workload, store, cell.context)
+
+
 def cell_workload(cell: Cell, cache: Path, scratch: Path, read_bytes_per_s: int,
                   cpu_factor_by_network: dict[str, float]) -> Path:
     """The scenario's YAML with its arrivals at the cell's rate, spanning its length."""
@@ -546,8 +551,8 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "over_commits": summary.get("over_commits"),
         "exec_ratio": time_ratio(report),
         "load_ratio": time_ratio(report, "load"),
-        "exec_ratio_by_network": exec_ratio_by_network(report),
-        "load_ratio_by_network": exec_ratio_by_network(report, "load", CACHED_AFTER),
+        "exec_ratio_by_network": ratio_by_network(report, "exec"),
+        "load_ratio_by_network": ratio_by_network(report, "load", CACHED_AFTER),
     }
 
 
@@ -584,8 +589,8 @@ def time_ratio(report: dict[str, Any], kind: str = "exec") -> float | None:
     return round(spent_us / graph_us, 3) if spent_us and graph_us else None
 
 
-def exec_ratio_by_network(report: dict[str, Any], kind: str = "exec", skip_first: int = 0
-                          ) -> dict[str, float]:
+def ratio_by_network(report: dict[str, Any], kind: str, skip_first: int = 0
+                     ) -> dict[str, float]:
     """Per network, its EXEC (or LOAD) time in the run per profiled time (after its
     first `skip_first` instances)."""
     return {name: round(spent_us / graph_us, 3) for name, (spent_us, graph_us)
@@ -637,13 +642,14 @@ def host_scale_of(record: dict[str, Any], pin: Pin) -> float:
 
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
-             cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True
-             ) -> dict[str, Any]:
+             cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True,
+             calibrated_only: bool = False) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
     host probed at `scale` (`Pin.simulator_cpu`), x the multiplier beside another
     task, and the executor's dispatch time after every task). `cache_first`: whether
-    masa's cached-stages-first rule ran."""
+    masa's cached-stages-first rule ran; `calibrated_only`: the calibrated side alone
+    (for the fits and sensitivities, which read nothing else)."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB,
                            read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first)
@@ -651,8 +657,8 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     exec_factors, load_factors, shared = pin.simulator_cpu(scale, cell.store)
     # (side, CPU factor per network for EXECs and for LOADs, multiplier beside
     # another task, dispatch time)
-    sides: list[tuple[str, dict[str, float], dict[str, float], float, int]] = [
-        ("simulated", {}, {}, 1.0, 0)]
+    sides: list[tuple[str, dict[str, float], dict[str, float], float, int]] = (
+        [] if calibrated_only else [("simulated", {}, {}, 1.0, 0)])
     if exec_factors:
         sides.append(("simulated_cpu", {name: exec_factors.get(name, 1.0)
                                         for name in prepared.workload.networks},
@@ -739,16 +745,14 @@ def fit_contention(results: Sequence[dict[str, Any]], pin: Pin
                          "probed runs of all three policies")
     factors = {network: round(float(np.median(found)), 3)
                for network, found in sorted(alone.items())}
-    unprobed = [ratio / factors[network] for record in results
-                if record["policy"] == "bulk" and not record.get("host_cpu_scale")
-                and is_cached(record) and record.get("memory_scale", 1.0) == 1.0
+    unprobed_runs = [record for record in results if record["policy"] == "bulk"
+                     and not record.get("host_cpu_scale") and is_cached(record)
+                     and record.get("memory_scale", 1.0) == 1.0]
+    unprobed = [ratio / factors[network] for record in unprobed_runs
                 for network, ratio in (record["real"].get("exec_ratio_by_network")
                                        or {}).items() if network in factors]
-    unprobed_runs = sum(1 for record in results if record["policy"] == "bulk"
-                        and not record.get("host_cpu_scale") and is_cached(record)
-                        and record.get("memory_scale", 1.0) == 1.0)
     return (factors, round(float(np.median(shared)), 3), cells,
-            round(float(np.median(unprobed)), 3) if unprobed else 1.0, unprobed_runs)
+            round(float(np.median(unprobed)), 3) if unprobed else 1.0, len(unprobed_runs))
 
 
 def fit_load_over_exec(results: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int]:
@@ -977,23 +981,20 @@ def sensitivity(args: argparse.Namespace) -> None:
     much of the simulator's error near saturation the per-task times explain."""
     pin = pinned_stores(args)
     results = current(load_results(args.results), pin)
-    read_bps = load_device(BOARD).read_bytes_per_s or 1
     cells = [c for c in grid() if any(_names(k, c.key) for k in args.sensitivity)]
     if not cells:
         raise SystemExit(f"--sensitivity: no cell of the grid is named by {args.sensitivity}")
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
         for cell in cells:
-            store = store_of(cell, args)
-            workload = cell_workload(cell, store, Path(scratch), read_bps,
-                                     pin.cpu_factor_by_network)
-            prepared = prepare_run(workload, store, cell.context)
+            prepared = prepare_cell(cell, args, Path(scratch), pin)
             for record in [r for r in results if r["key"] == cell.key]:
                 device, base_bytes = recorded_device(record, cell)
                 means = []
                 for scale in SENSITIVITY_SCALES:
                     sim = simulate(simulated_policy(record), prepared, device, base_bytes,
                                    cell, pin, host_scale_of(record, pin) * scale,
-                                   cache_first=record.get("cache_first", False))["simulated_cpu"]
+                                   cache_first=record.get("cache_first", False),
+                                   calibrated_only=True)["simulated_cpu"]
                     means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",
@@ -2096,10 +2097,13 @@ simulating recorded cells again with every task's time scaled
   simulated EXEC time per profiled time within 0.06 of the real one in every
   CPU-bound cell),
   and what was left is the LOADs: a profiled LOAD of a zero-copy stage is a
-  session's creation alone (0.5-0.7 ms for most stages), a run's also maps and
-  locks the file and hands the session over, 2-4 ms more; the old factors
-  (1.3-1.5 for every task) had hidden that by charging EXECs 1.3x too much and
-  LOADs half. Runs since a8688de record each network's LOAD time per profiled
+  session's creation alone (about 0.6 ms a stage in small's and mixed's
+  networks), a run's also maps and locks the file and hands the session over,
+  1.7-3.9 ms more (traced runs, warm store, no device); the old factors
+  (1.2-1.5 for every task) had hidden that by charging EXECs 1.31x their real
+  time and LOADs 0.71x (medians over the 50 CPU-bound runs since 3d3c58d as
+  simulated on 8d1f988, DeepEye's thrash in heavy left out, cold reads in the
+  LOADs). Runs since a8688de record each network's LOAD time per profiled
   time after its first two instances (files cached); over the 15 runs of five
   cells it was 1.6-4.0x the network's EXEC factor in the same run (median per
   network: agenet 2.77, gendernet 2.78, tinyyolo 2.87, sos 3.43, memnet and
@@ -2109,7 +2113,7 @@ simulating recorded cells again with every task's time scaled
   profiled LOADs parse and copy the weights, LOADs keep the EXEC factor: with
   the mmap store's factors the copied mixed cells came out +62-111%).
   LOAD/EXEC ratios from traced runs without a device at twice the workers'
-  rate (2.5-7.6) overshot (every CPU-bound mean +40% and more). Then the
+  rate were higher (2.5-7.6) and were not used. Then the
   dispatch time (next bullet) was fitted on Bulk's runs: 500 us.
 - **The executor's dispatch time.** A real worker waits between two tasks even
   when tasks are queued (the completion's hand-off to the loop, the decision,
@@ -2117,7 +2121,7 @@ simulating recorded cells again with every task's time scaled
   queue never empties (`--measure-dispatch`, warm store, no device, twice the
   workers' rate) 670 us on 2026-11-25, 1270 us on 2026-11-27 (small 977 us,
   mixed 1620 us, lifelogging 1527 us; the median gap 240-440 us; small with
-  Masa 611-993 us over three runs of the same jobs): the mean holds waits for a
+  Masa 611-993 us over five runs of the same jobs): the mean holds waits for a
   dependency or for memory too, so it bounds the hand-off from above, and at
   1270 us the calibrated simulation was 44% too slow (median). Since a8688de
   the dispatch time is fitted (`--fit-dispatch`): of 400-1200 us, the one under

@@ -147,8 +147,8 @@ class DeviceModel:
     cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
     # Per network, its LOADs' time per profiled LOAD time where it is not the factor
     # above: the profiler times a session's creation alone, a run's LOAD also maps
-    # and locks the file and hands the session to its worker (2-4 ms more per stage
-    # on this host, 3-6x the network's EXEC factor).
+    # and locks the file and hands the session to its worker (1.7-3.9 ms more per
+    # stage on this host, 1.6-4.0x the network's EXEC factor: docs/bench-device.md).
     load_cpu_factor_by_network: Mapping[str, float] = field(default_factory=dict)
     # A task that starts while another runs takes this much longer again: cores that
     # share caches and memory bandwidth, or a host's hyperthreads, run two tasks at
