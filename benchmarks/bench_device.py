@@ -1131,7 +1131,9 @@ def _by_cell(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str,
 
 def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The latest record; with several finished repeats, its real mean and p99 are their
-    averages and `runs_mean_ms` lists each repeat's mean (the rest is the latest run's)."""
+    averages and `runs_mean_ms` lists each repeat's mean; so are its simulated mean and
+    p99 (each repeat simulated at its own host's speed), where every repeat's
+    simulation finished. The rest is the latest run's."""
     latest = records[-1]
     # Repeats of one experiment: the same policy rule too (`masa` before its batch plan
     # is `masa-noplan`, simulated_policy; before its cached-stages-first rule, one
@@ -1142,11 +1144,17 @@ def _averaged(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 and r["real"]["status"] == "finished" and r["real"]["mean_ms"] is not None]
     if len(repeated) < 2 or repeated[-1] is not latest:
         return latest
-    real = dict(latest["real"])
-    for name in ("mean_ms", "p99_ms"):
-        real[name] = round(float(np.mean([r["real"][name] for r in repeated])), 1)
-    real["runs_mean_ms"] = [r["real"]["mean_ms"] for r in repeated]
-    return {**latest, "real": real}
+    averaged = {**latest}
+    for side in ("real", "simulated", "simulated_cpu"):
+        stats = [r.get(side) or {} for r in repeated]
+        if any(s.get("status") != "finished" or s.get("mean_ms") is None for s in stats):
+            continue
+        averaged[side] = dict(latest[side])
+        for name in ("mean_ms", "p99_ms"):
+            averaged[side][name] = round(float(np.mean([s[name] for s in stats])), 1)
+        if side == "real":
+            averaged[side]["runs_mean_ms"] = [s["mean_ms"] for s in stats]
+    return averaged
 
 
 def _figure(stats: dict[str, Any] | None) -> str:
