@@ -542,6 +542,10 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
                               if summary.get("peak_reserved_bytes") else None),
         "peak_cgroup_mib": (round(emulation["peak_cgroup_bytes"] / MIB, 1)
                             if emulation.get("peak_cgroup_bytes") else None),
+        # Sampled (a real run: the cgroup's anonymous memory) or predicted (the runtime's
+        # base and the reservations less the loaded stages' mapped weights).
+        "peak_anonymous_mib": (round(emulation["peak_anonymous_bytes"] / MIB, 1)
+                               if emulation.get("peak_anonymous_bytes") else None),
         "read_mib": round(emulation.get("bytes_read", 0) / MIB, 1),
         # The LOADs' stage files found in the page cache at their start: measured (the
         # summary) or predicted (a simulation's emulation figures).
