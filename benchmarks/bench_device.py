@@ -650,8 +650,8 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
              calibrated_only: bool = False) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
-    host probed at `scale` (`Pin.simulator_cpu`), x the multiplier beside another
-    task, and the executor's dispatch time after every task). `cache_first`: whether
+    host probed at `scale` (`Pin.simulator_cpu`), x the multiplier while they run
+    beside another task, and the executor's dispatch time after every task). `cache_first`: whether
     masa's cached-stages-first rule ran; `calibrated_only`: the calibrated side alone
     (for the fits and sensitivities, which read nothing else)."""
     settings = RunSettings(policy=policy, workers=cell.workers,
@@ -671,7 +671,8 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     for side, cpu_by_network, load_by_network, multiplier, dispatch_us in sides:
         report = simulated_device_report(prepared, settings, device_model(
             prepared.manifests, device, base_bytes, cpu_factor_by_network=cpu_by_network,
-            shared_cpu_multiplier=multiplier, dispatch_us=dispatch_us,
+            shared_cpu_multiplier=multiplier, shared_cpu_while_running=True,
+            dispatch_us=dispatch_us,
             load_cpu_factor_by_network=load_by_network), device, meta)
         figures[side] = _stats(report)
     if exec_factors:
@@ -1454,7 +1455,7 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                "speed (" + ", ".join(f"{network} {factor}x" for network, factor in alone.items())
                + ") x the run's probe (the mean of those before and after it; "
                f"{pin.unprobed_host_cpu_scale}x for the runs before the host was probed), "
-               f"x{shared} when they start beside another task ({pin.contention_source}); "
+               f"x{shared} while they run beside another task ({pin.contention_source}); "
                "its LOADs x that factor x the LOAD's own ("
                + ", ".join(f"{network} {over}x" for network, over
                            in pin.load_over_exec_by_network.items()) + ")")

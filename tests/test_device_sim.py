@@ -265,6 +265,25 @@ def test_tasks_that_run_side_by_side_take_the_shared_cpu_multiplier() -> None:
     assert _durations(one_worker, "load") == [50, 50]  # one after the other: each alone
 
 
+def test_the_shared_multiplier_may_hold_only_while_tasks_run_side_by_side() -> None:
+    """With shared_cpu_while_running a task slows down when a second one starts beside
+    it and speeds up again when that ends: a LOAD alone for 500 of its 1000 us
+    takes the other 500 x2 once another starts, and that one, beside it for 1000 us
+    (500 us of its work), does its last 500 us alone. Without, the first keeps the
+    speed it started at and the second is slow throughout."""
+    jobs = merge([chain_network(0, 0, [100], load_us=1000, exec_us=0),
+                  chain_network(1, 1, [100], load_us=1000, exec_us=0, release_us=500)])
+    spans = {}
+    for while_running in (True, False):
+        device = DeviceModel(100 * MB, BASE, None, {}, shared_cpu_multiplier=2.0,
+                             shared_cpu_while_running=while_running)
+        run = simulate_graph(jobs, workers=2, memory_budget_bytes=10_000, device=device)
+        spans[while_running] = {e.task_id: (e.start_us, e.end_us) for e in run.schedule
+                                if e.task_id.endswith("/load")}
+    assert spans[True] == {"j0/n0/s0/load": (0, 1500), "j1/n1/s0/load": (500, 2000)}
+    assert spans[False] == {"j0/n0/s0/load": (0, 1000), "j1/n1/s0/load": (500, 2500)}
+
+
 def test_a_network_with_its_own_cpu_factor_takes_it_and_the_shared_multiplier() -> None:
     """Networks named in cpu_factor_by_network take their factor instead of cpu_factor;
     beside another task every network's factor is multiplied alike."""

@@ -133,7 +133,8 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                  runtime_base_bytes: int, cpu_factor: float = 1.0,
                  cpu_factor_by_network: Mapping[str, float] | None = None,
                  shared_cpu_multiplier: float = 1.0, dispatch_us: int = 0,
-                 load_cpu_factor_by_network: Mapping[str, float] | None = None) -> DeviceModel:
+                 load_cpu_factor_by_network: Mapping[str, float] | None = None,
+                 shared_cpu_while_running: bool = False) -> DeviceModel:
     return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
                        runtime_base_bytes=runtime_base_bytes,
                        read_bytes_per_s=device.read_bytes_per_s,
@@ -141,7 +142,9 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                        cpu_factor=cpu_factor,
                        cpu_factor_by_network=dict(cpu_factor_by_network or {}),
                        load_cpu_factor_by_network=dict(load_cpu_factor_by_network or {}),
-                       shared_cpu_multiplier=shared_cpu_multiplier, dispatch_us=dispatch_us)
+                       shared_cpu_multiplier=shared_cpu_multiplier,
+                       shared_cpu_while_running=shared_cpu_while_running,
+                       dispatch_us=dispatch_us)
 
 
 def simulate_on_device(prepared: PreparedRun, settings: RunSettings,

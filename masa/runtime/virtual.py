@@ -10,7 +10,8 @@ masa.runtime.driver's, shared with the real executor.
 With a `DeviceModel` (issue 12) the clock also knows a small device's storage
 and memory (`DeviceBackend`): a LOAD takes its profiled (warm) time (times the
 device's CPU factor, or its network's, as does an EXEC; times a multiplier
-again for a task that starts beside a running one) plus the
+again for a task that starts beside a running one, or, with
+`shared_cpu_while_running`, for the part of its work done beside another) plus the
 bytes of its stage files that are not in the simulated page cache divided by
 the storage's read bandwidth, after the reads queued before it (one storage,
 first come first served); the page cache is an LRU of stage files' bytes (a
@@ -62,28 +63,38 @@ class VirtualBackend:
         self.clock_us = 0
         self._finishes: list[tuple[int, int, str]] = []  # (end_us, sequence, task_id)
         self._sequence = 0
+        self._entry_of: dict[str, int] = {}  # task id -> sequence of its live heap entry
         self._running: set[str] = set()
 
     def now_us(self) -> int:
         return self.clock_us
 
     def start(self, task: Task, worker: int) -> None:
-        self._sequence += 1
         self._running.add(task.task_id)
-        heapq.heappush(self._finishes,
-                       (self.clock_us + task.duration_us, self._sequence, task.task_id))
+        self._push_finish(self.clock_us + task.duration_us, task.task_id)
+
+    def _push_finish(self, end_us: int, task_id: str) -> None:
+        """The task's (new) completion time; an entry pushed before for it goes stale."""
+        self._sequence += 1
+        self._entry_of[task_id] = self._sequence
+        heapq.heappush(self._finishes, (end_us, self._sequence, task_id))
+
+    def _live(self, entry: tuple[int, int, str]) -> bool:
+        return entry[2] in self._running and self._entry_of.get(entry[2]) == entry[1]
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
         """Stopped tasks end at this very instant (their heap entries go stale)."""
         stopped = [task_id for task_id in task_ids if task_id in self._running]
         self._running.difference_update(stopped)
+        for task_id in stopped:
+            self._entry_of.pop(task_id, None)
         return [Completion(task_id, self.clock_us, ok=False) for task_id in stopped]
 
     def _next_event_us(self, deadline_us: int | None) -> int | None:
         """When the clock jumps to next: the first live completion or the deadline."""
         finishes = self._finishes
-        while finishes and finishes[0][2] not in self._running:
-            heapq.heappop(finishes)  # stopped earlier
+        while finishes and not self._live(finishes[0]):
+            heapq.heappop(finishes)  # stopped earlier, or its end moved
         upcoming = finishes[0][0] if finishes else None
         if upcoming is None or deadline_us is None:
             return upcoming if deadline_us is None else deadline_us
@@ -97,10 +108,11 @@ class VirtualBackend:
         self.clock_us = max(self.clock_us, target)
         done: list[Completion] = []
         while finishes and finishes[0][0] <= self.clock_us:
-            _, _, task_id = heapq.heappop(finishes)
-            if task_id in self._running:
-                self._running.discard(task_id)
-                done.append(Completion(task_id, self.clock_us, ok=task_id not in self.failing))
+            entry = heapq.heappop(finishes)
+            if self._live(entry):
+                self._running.discard(entry[2])
+                del self._entry_of[entry[2]]
+                done.append(Completion(entry[2], self.clock_us, ok=entry[2] not in self.failing))
         return done
 
     # Nothing to wake, measure, load or free in virtual time.
@@ -154,6 +166,10 @@ class DeviceModel:
     # share caches and memory bandwidth, or a host's hyperthreads, run two tasks at
     # once slower than one alone. The factors above are then times alone.
     shared_cpu_multiplier: float = 1.0
+    # Whether that multiplier holds while another task runs (a task's remaining CPU
+    # time stretches when a second task starts beside it and shrinks back when that
+    # ends) rather than for the whole task when another runs as it starts.
+    shared_cpu_while_running: bool = False
     # The executor's own time per task: from a task's end to the next start on its
     # worker (the completion's hand-off, the loop's decision, freeing the task's
     # memory), measured as the mean gap between tasks on a busy worker. The worker
@@ -263,6 +279,10 @@ class DeviceBackend(VirtualBackend):
         # LOADs still reading from storage: task id -> (read end, direct bytes not
         # yet in use; the ledger reserves them from the start).
         self._reading: dict[str, tuple[int, int]] = {}
+        # With shared_cpu_while_running: running task id -> (when its CPU work
+        # begins, its CPU time left alone, us), as of `_progress_us`.
+        self._cpu_left: dict[str, tuple[int, float]] = {}
+        self._progress_us = 0
         # Stage files being read: key -> (read end, bytes). They enter the page cache
         # when the read ends, not when it starts: until then the kernel has not
         # had to evict anything for them, and a LOAD starting meanwhile finds its
@@ -331,27 +351,75 @@ class DeviceBackend(VirtualBackend):
                                task.kind is TaskKind.LOAD, task.duration_us, extra_us))
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
+        self._progress(self.clock_us)
         for task_id in task_ids:
             self._ended_at_us.pop(task_id, None)
             self._reading.pop(task_id, None)
-        return super().terminate(task_ids)
+            self._cpu_left.pop(task_id, None)
+        stopped = super().terminate(task_ids)
+        if self.device.shared_cpu_while_running:
+            self._move_ends()
+        return stopped
 
     def wait(self, deadline_us: int | None) -> list[Completion]:
-        running = len(self._running)
-        for sequence, task_id, network, load, duration_us, extra_us in self._starting:
-            if task_id in self._running:
-                cpu_us = self.device.cpu_us(duration_us, running, network, load)
-                end_us = self.clock_us + cpu_us + extra_us
-                if self.device.dispatch_us:
-                    self._ended_at_us[task_id] = end_us
-                heapq.heappush(self._finishes,
-                               (end_us + self.device.dispatch_us, sequence, task_id))
-        self._starting.clear()
-        self._reads_end_before(self._next_event_us(deadline_us))
-        done = super().wait(deadline_us)
+        if self.device.shared_cpu_while_running:
+            done = self._wait_sharing(deadline_us)
+        else:
+            running = len(self._running)
+            for _, task_id, network, load, duration_us, extra_us in self._starting:
+                if task_id in self._running:
+                    cpu_us = self.device.cpu_us(duration_us, running, network, load)
+                    self._end_at(task_id, self.clock_us + cpu_us + extra_us)
+            self._starting.clear()
+            self._reads_end_before(self._next_event_us(deadline_us))
+            done = super().wait(deadline_us)
         if not self._ended_at_us:
             return done
         return [replace(c, end_us=self._ended_at_us.pop(c.task_id, c.end_us)) for c in done]
+
+    def _end_at(self, task_id: str, end_us: int) -> None:
+        """The task's work ends at `end_us`; its worker is free the dispatch time later."""
+        if self.device.dispatch_us:
+            self._ended_at_us[task_id] = end_us
+        self._push_finish(end_us + self.device.dispatch_us, task_id)
+
+    def _wait_sharing(self, deadline_us: int | None) -> list[Completion]:
+        """`wait` where the multiplier holds while tasks run side by side: each running
+        task's remaining CPU time (alone) is brought up to date and its end moved
+        whenever the number of running tasks changes."""
+        self._progress(self.clock_us)
+        for _, task_id, network, load, duration_us, extra_us in self._starting:
+            if task_id in self._running:  # its CPU work begins after its storage wait
+                self._cpu_left[task_id] = (self.clock_us + extra_us, float(
+                    self.device.cpu_us(duration_us, 1, network, load)))
+        self._starting.clear()
+        self._move_ends()
+        self._reads_end_before(self._next_event_us(deadline_us))
+        done = super().wait(deadline_us)
+        if done:
+            self._progress(self.clock_us)
+            for completion in done:
+                self._cpu_left.pop(completion.task_id, None)
+            self._move_ends()
+        return done
+
+    def _progress(self, to_us: int) -> None:
+        """The running tasks' CPU work done since the last update, at the rate the
+        number of them running set meanwhile."""
+        rate = 1.0 / self.device.shared_cpu_multiplier if len(self._cpu_left) > 1 else 1.0
+        for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
+            begin_us = max(self._progress_us, cpu_start_us)
+            if to_us > begin_us:
+                self._cpu_left[task_id] = (cpu_start_us, left_us - (to_us - begin_us) * rate)
+        self._progress_us = to_us
+
+    def _move_ends(self) -> None:
+        slow = self.device.shared_cpu_multiplier if len(self._cpu_left) > 1 else 1.0
+        for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
+            if left_us < 0.5 and task_id in self._entry_of:
+                continue  # its work has ended: only its dispatch time is left
+            self._end_at(task_id, max(self.clock_us, cpu_start_us)
+                         + round(max(0.0, left_us) * slow))
 
     def _reads_end_before(self, next_event_us: int | None) -> None:
         """Until the next event nothing is reserved or freed, but LOADs whose read
