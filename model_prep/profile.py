@@ -96,7 +96,8 @@ class StatmSampler:
 
     `begin()` starts a sampling phase and returns once the first sample is
     taken (so the operation the caller starts next is fully observed);
-    `end()` stops it and returns what was seen. Between phases the thread
+    `end()` stops it after one more sample and returns what was seen (so what
+    the process did before the call is observed). Between phases the thread
     blocks on an event and uses no CPU.
     """
 
@@ -148,6 +149,10 @@ class StatmSampler:
                 # The hot loop: one pread, one split, two compares. Anything more
                 # lengthens the interval and can miss a short allocation spike.
                 while True:
+                    # Read before the sample, so that the last sample is taken after
+                    # end() was called: whatever the other process did before the
+                    # caller's end() is seen even if this thread was descheduled.
+                    active = self._active
                     pages = int(pread(fd, 96, 0).split()[1])
                     now_ns = clock()
                     ring[count & mask] = now_ns
@@ -160,7 +165,7 @@ class StatmSampler:
                     if count == 1:
                         max_gap_ns = 0
                         self._started.set()
-                    if not self._active:
+                    if not active:
                         break
             except (OSError, IndexError, ValueError):
                 self._started.set()  # the worker exited; end() reports what was seen
