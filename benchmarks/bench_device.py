@@ -2265,7 +2265,8 @@ simulating recorded cells again with every task's time scaled
   targets "every kill predicted" and the ratio within 15 points hold in every
   cell; the mean within 30% holds in every run where the card binds and in 48 of
   51 where the CPU binds (37 of 39 counting each group of repeated cells as one
-  experiment; 47 and 36 with the multiplier charged at a task's start). Since a8688de (each run at its probed host speed, LOADs at their
+  experiment; 47 and 36 with the multiplier charged at a task's start). Since
+  a8688de (each run at its probed host speed, LOADs at their
   own factor, 500 us dispatch) it had missed there in 9 of 51, all of them
   single runs or pairs near saturation. On 2026-11-27 (98c0cc4, d46bedd) the
   seven CPU-bound cells holding those misses, small at 512 MiB / 0.7 and
