@@ -414,10 +414,12 @@ class DeviceBackend(VirtualBackend):
         self._progress_us = to_us
 
     def _move_ends(self) -> None:
+        """Each running task's end at the rate the number running now sets (a task
+        whose work has ended keeps its end: only its dispatch time is left)."""
         slow = self.device.shared_cpu_multiplier if len(self._cpu_left) > 1 else 1.0
         for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
             if left_us < 0.5 and task_id in self._entry_of:
-                continue  # its work has ended: only its dispatch time is left
+                continue
             self._end_at(task_id, max(self.clock_us, cpu_start_us)
                          + round(max(0.0, left_us) * slow))
 
