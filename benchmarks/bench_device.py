@@ -2284,8 +2284,9 @@ simulating recorded cells again with every task's time scaled
   at 512 MiB / 0.7 went the other way: Masa's third run (1.7 s;
   before 2.4 and 0.9 s) was simulated at 3.2 s at its probe, +37% over the three.
   The misses left: Masa in small at 512 MiB / 0.7 (+37%); DeepEye in light,
-  -53% over its four runs
-  (3.1-4.3 s; simulated 1.9-2.2 s): its mean is set by how fast the cold
+  -53% over its three recorded runs
+  (3.1-4.3 s, simulated 1.8 s on average; a fourth, traced by hand and not
+  recorded, took 2.8 s against 1.8 s): its mean is set by how fast the cold
   start's backlog drains (the first tenth of its jobs waits 6.1-6.4 s in both,
   the real run reaches its steady state about two tenths of the jobs later), which
   takes the few percent of spare capacity its conv lane has (in a trace,
