@@ -2279,14 +2279,16 @@ simulating recorded cells again with every task's time scaled
   and Masa in light, in small at 1 GiB and over 120 s came within 30%, and
   DeepEye in lifelogging at 2 GiB with the multiplier held while tasks run side by
   side (+30%, over four runs of 16.0-23.8 s; a fifth, traced by hand and not
-  recorded, took 27.2 s against 24.5 s simulated, its trace's task times summing
-  to 2.1% more than the simulated ones). Small
+  recorded, took 27.2 s against 24.5 s simulated with the multiplier charged at a
+  task's start, its trace's task times summing to 2.1% more than the simulated
+  ones). Small
   at 512 MiB / 0.7 went the other way: Masa's third run (1.7 s;
   before 2.4 and 0.9 s) was simulated at 3.2 s at its probe, +37% over the three.
   The misses left: Masa in small at 512 MiB / 0.7 (+37%); DeepEye in light,
   -53% over its three recorded runs
   (3.1-4.3 s, simulated 1.8 s on average; a fourth, traced by hand and not
-  recorded, took 2.8 s against 1.8 s): its mean is set by how fast the cold
+  recorded, took 2.8 s against 1.8 s with the multiplier charged at a task's
+  start): its mean is set by how fast the cold
   start's backlog drains (the first tenth of its jobs waits 6.1-6.4 s in both,
   the real run reaches its steady state about two tenths of the jobs later), which
   takes the few percent of spare capacity its conv lane has (in a trace,
