@@ -651,9 +651,10 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
     host probed at `scale` (`Pin.simulator_cpu`), x the multiplier while they run
-    beside another task, and the executor's dispatch time after every task). `cache_first`: whether
-    masa's cached-stages-first rule ran; `calibrated_only`: the calibrated side alone
-    (for the fits and sensitivities, which read nothing else)."""
+    beside another task, and the executor's dispatch time after every task).
+    `cache_first`: whether masa's cached-stages-first rule ran; `calibrated_only`:
+    the calibrated side alone (for the fits and sensitivities, which read nothing
+    else)."""
     settings = RunSettings(policy=policy, workers=cell.workers,
                            memory_budget_bytes=cell.budget_mib * MIB,
                            read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first)
@@ -2291,7 +2292,7 @@ simulating recorded cells again with every task's time scaled
   start): its mean is set by how fast the cold
   start's backlog drains (the first tenth of its jobs waits 6.1-6.4 s in both,
   the real run reaches its steady state about two tenths of the jobs later), which
-  takes the few percent of spare capacity its conv lane has (in a trace,
+  takes the few percent of spare capacity its conv lane has (in that trace,
   FaceNet's EXECs took 8.6% more than simulated); and DeepEye's thrash in heavy
   (-93%; run again it thrashed again, 109.6 s, 7.3 GiB read). That cell's
   cliff is a matter of tens of MiB: the runs now record their peak anonymous
@@ -2302,7 +2303,7 @@ simulating recorded cells again with every task's time scaled
   agree (mixed at 1 GiB: Bulk 698.7 against 697.8, DeepEye 674.9 against
   674.1; Masa 695.3 against 739.0). Raising the simulated runtime base by 30
   or 36 MiB makes the simulated DeepEye start to thrash in heavy (1.42 GiB read,
-  14.0-14.9 s) and leaves Masa and Bulk there unchanged, but not spiral as the
+  13.8-14.8 s) and leaves Masa and Bulk there unchanged, but not spiral as the
   real run does (its reservations grew to 807 MiB as FaceNet's and MemNet's
   conv outputs waited for their fc stages, 614 MiB simulated), so the base
   stays as measured before the first job."""

@@ -273,9 +273,9 @@ class DeviceBackend(VirtualBackend):
         self.cache = _PageCache()
         self.mapped_loaded_bytes = 0
         self.storage_free_us = 0  # the storage reads one LOAD's misses at a time
-        # Started since the last wait: (sequence, task id, network, a LOAD?,
-        # profiled us, storage us).
-        self._starting: list[tuple[int, str, str, bool, int, int]] = []
+        # Started since the last wait: (task id, network, a LOAD?, profiled us,
+        # storage us).
+        self._starting: list[tuple[str, str, bool, int, int]] = []
         # LOADs still reading from storage: task id -> (read end, direct bytes not
         # yet in use; the ledger reserves them from the start).
         self._reading: dict[str, tuple[int, int]] = {}
@@ -343,12 +343,11 @@ class DeviceBackend(VirtualBackend):
                 self.mapped_loaded_bytes += storage.mapped_bytes
         elif storage.mapped_bytes:
             extra_us = self._queued_read_us(self.device.read_us(self._reread_bytes(storage)))
-        self._sequence += 1
         self._running.add(task.task_id)
-        # Its end is fixed at the next wait, once every task of this decision has
+        # Its end is set at the next wait, once every task of this decision has
         # started: tasks dispatched together share the CPU alike.
-        self._starting.append((self._sequence, task.task_id, task.network,
-                               task.kind is TaskKind.LOAD, task.duration_us, extra_us))
+        self._starting.append((task.task_id, task.network, task.kind is TaskKind.LOAD,
+                               task.duration_us, extra_us))
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
         self._progress(self.clock_us)
@@ -366,7 +365,7 @@ class DeviceBackend(VirtualBackend):
             done = self._wait_sharing(deadline_us)
         else:
             running = len(self._running)
-            for _, task_id, network, load, duration_us, extra_us in self._starting:
+            for task_id, network, load, duration_us, extra_us in self._starting:
                 if task_id in self._running:
                     cpu_us = self.device.cpu_us(duration_us, running, network, load)
                     self._end_at(task_id, self.clock_us + cpu_us + extra_us)
@@ -388,7 +387,7 @@ class DeviceBackend(VirtualBackend):
         task's remaining CPU time (alone) is brought up to date and its end moved
         whenever the number of running tasks changes."""
         self._progress(self.clock_us)
-        for _, task_id, network, load, duration_us, extra_us in self._starting:
+        for task_id, network, load, duration_us, extra_us in self._starting:
             if task_id in self._running:  # its CPU work begins after its storage wait
                 self._cpu_left[task_id] = (self.clock_us + extra_us, float(
                     self.device.cpu_us(duration_us, 1, network, load)))
