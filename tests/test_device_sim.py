@@ -441,3 +441,19 @@ def test_a_simulated_device_run_writes_its_trace_unless_predicted_killed(
     assert main([*common, "--policy", "bulk", "--trace", str(killed)]) == 1
     assert not killed.exists()
     assert "--trace: not written: the run was killed" in capsys.readouterr().err
+
+
+def test_a_kept_stage_is_loaded_again_at_no_cost_and_reads_nothing() -> None:
+    """Masa keeping loaded stages: the second job's LOAD takes the first's session, so
+    on the device it neither reads its file nor spends its profiled time; without
+    keeping it finds its file cached and spends its profiled time."""
+    stages = {("n0", "s0"): StageStorage(file_bytes=2 * MB, mapped_bytes=2 * MB)}
+    kept = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                          policy=MasaPolicy(keep_loaded_bytes=10_000),
+                          device=_device(100 * MB, stages))
+    assert _durations(kept, "load") == [100 + 2 * MB, 0]
+    assert kept.device.bytes_read == 2 * MB and kept.kept_stats["loads_reused"] == 1
+    assert kept.final_reserved_bytes == 0
+    plain = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                           policy=MasaPolicy(), device=_device(100 * MB, stages))
+    assert _durations(plain, "load") == [100 + 2 * MB, 100]

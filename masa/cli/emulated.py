@@ -24,6 +24,7 @@ from masa.common.units import format_bytes
 from masa.report.report import emulated_report, outcome_report, outcome_trace, write_json
 from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
+from masa.runtime.registry import keep_loaded_for
 from masa.runtime.runner import (
     PreparedRun,
     RunOutcome,
@@ -59,7 +60,9 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
                      "memory_budget_bytes": args.memory,
                      "memory_source": getattr(args, "memory_source", "measured"),
                      "read_ahead_bytes": getattr(args, "read_ahead", None),
-                     "keep_cached_bytes": getattr(args, "keep_cached", None)},
+                     "keep_cached_bytes": getattr(args, "keep_cached", None),
+                     "keep_loaded_bytes": keep_loaded_for(
+                         policy, getattr(args, "keep_loaded", 0) or 0)},
     }
 
 
@@ -72,7 +75,9 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                                memory_budget_bytes=args.memory or plan.device.default_budget_bytes(
                                    RUNTIME_BASE_BYTES),
                                memory_source=getattr(args, "memory_source", "measured"),
-                               read_ahead_bytes=getattr(args, "read_ahead", None))
+                               read_ahead_bytes=getattr(args, "read_ahead", None),
+                               keep_loaded_bytes=keep_loaded_for(
+                                   policy, getattr(args, "keep_loaded", 0) or 0))
         return simulated_device_report(prepared, settings, device_model(
             prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta,
             trace_path=getattr(args, "trace", None))

@@ -78,6 +78,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "unload, so that jobs cycling through more stage files than "
                              "the cache holds find the first ones cached (docs/scheduling.md, "
                              "Keeping stage files cached; default: the kernel decides)")
+    parser.add_argument("--keep-loaded", type=memory_size, default=0, metavar="SIZE",
+                        help="masa and masa-noplan: keep up to SIZE of loaded stages (their "
+                             "sessions and weights, counted in the budget) between jobs, so "
+                             "the next job's LOAD of such a stage costs nothing; the least "
+                             "recently kept are unloaded when a task needs the memory "
+                             "(docs/scheduling.md, Kept loaded stages; default 0: off, every "
+                             "job loads its stages as in the paper)")
     add_json_flag(parser, "the report")
 
 
@@ -137,12 +144,25 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
                                                 else args.memory),
                            memory_source=getattr(args, "memory_source", "measured"),
                            read_ahead_bytes=getattr(args, "read_ahead", None),
-                           keep_cached_bytes=getattr(args, "keep_cached", None))
+                           keep_cached_bytes=getattr(args, "keep_cached", None),
+                           keep_loaded_bytes=_keep_loaded(args, policy))
     settings.check()
     if settings.keep_cached_bytes is not None and getattr(args, "simulate", False):
         log.warning("--keep-cached: a simulation does not model it (the page cache's "
                     "contents are the simulator's own); it applies to real runs only")
     return settings
+
+
+def _keep_loaded(args: argparse.Namespace, policy: str) -> int:
+    """--keep-loaded for the policies that keep stages (masa, masa-noplan); 0 for the
+    others, which `masa compare` runs beside them as the paper defines them."""
+    from masa.runtime.registry import KEEPING_POLICIES, keep_loaded_for
+
+    keep = getattr(args, "keep_loaded", 0) or 0
+    if keep and policy not in KEEPING_POLICIES and not hasattr(args, "policies"):
+        raise UserError(f"--keep-loaded: policy {policy!r} does not keep stages; expected "
+                        f"one of {', '.join(KEEPING_POLICIES)}")
+    return keep_loaded_for(policy, keep)
 
 
 def _prepare(args: argparse.Namespace) -> PreparedRun:

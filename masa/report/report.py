@@ -473,11 +473,13 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
         network_status=outcome.network_status, network_reason=outcome.network_reason,
         measured_memory=samples, measured=measured,
         over_commits=outcome.over_commits,
+        reserved_timeline=_kept_aware_timeline(outcome),
         interrupted=getattr(outcome, "interrupted", None),
         meta={"context": outcome.context, "simulated": outcome.simulated,
               "memory_source": settings.memory_source,
               "read_ahead_bytes": settings.read_ahead_bytes,
-              "keep_cached_bytes": settings.keep_cached_bytes, "errors": outcome.errors,
+              "keep_cached_bytes": settings.keep_cached_bytes,
+              "keep_loaded_bytes": settings.keep_loaded_bytes, "errors": outcome.errors,
               "policy_stats": getattr(outcome, "policy_stats", {}),
               "error_tracebacks": outcome.error_details,
               "process_memory_after_bytes": outcome.process_memory_after,
@@ -487,12 +489,22 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
     )
 
 
+def _kept_aware_timeline(outcome: RunOutcome) -> list[tuple[int, int]] | None:
+    """The ledger's own timeline where stages were kept between jobs: the schedule
+    alone (`memory_profile`) does not show what the kept stages hold. None: the
+    schedule's, which is the ledger's at every instant, not only at decisions."""
+    if not outcome.settings.keep_loaded_bytes:
+        return None
+    return [(time_us, reserved) for time_us, reserved, _ in outcome.memory_timeline]
+
+
 def outcome_trace(outcome: RunOutcome) -> dict:
     """The Chrome trace (masa.report.report) of a run."""
     settings = outcome.settings
     return chrome_trace(
         outcome.graph, outcome.schedule, workers=settings.workers,
         memory_budget_bytes=settings.memory_budget_bytes,
+        reserved_timeline=_kept_aware_timeline(outcome),
         measured_memory=[(t, rss) for t, _, rss in outcome.memory_timeline if rss is not None],
         over_commits=outcome.over_commits,
         job_arrivals_us={job.job_id: job.arrival_us for job in outcome.jobs},

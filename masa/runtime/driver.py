@@ -40,11 +40,13 @@ from masa.sched.context import ContextController
 from masa.sched.core import (
     CoreEvents,
     GroupStatus,
+    KeptChange,
     OverCommit,
     SchedulerState,
     add_tasks,
     arrive,
     cancel_group,
+    evict_kept,
     fail_group,
     finish,
     forget_group,
@@ -85,6 +87,12 @@ class Backend(Protocol):
     def measured_bytes(self) -> int | None: ...
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None: ...
     def lock_released(self, lock: Lock, opener: Task) -> None: ...
+    # Kept loaded stages (SchedulerState.kept): a LOAD lock released with its stage
+    # kept under (network, stage_id); a kept stage to unload; a LOAD about to start
+    # that takes the kept stage (it does nothing and ends at once).
+    def keep_loaded(self, lock: Lock, opener: Task) -> None: ...
+    def evict_loaded(self, stage: tuple[str, str]) -> None: ...
+    def reuse_loaded(self, task: Task) -> None: ...
     def group_ended(self, group: str, status: GroupStatus) -> None: ...
     def discard_outputs(self, group: str) -> None: ...
     def job_ended(self, job_id: int) -> None: ...
@@ -242,6 +250,8 @@ class Driver:
                     return
             elif (not self._running and next_release is None and self._inbox.empty()
                   and self._calls.empty()):
+                evict_kept(self.state)  # the run is over: every reserved byte returns
+                self._drain()
                 return
             deadline = next_release
             if until_us is not None:
@@ -297,7 +307,11 @@ class Driver:
             self._running[dispatch.task_id] = (dispatch.worker, now_us)
             for observer in self.observers:
                 observer.dispatched(dispatch.task_id, dispatch.worker, now_us)
+            if dispatch.reuses_kept:
+                backend.reuse_loaded(task)
             backend.start(task, dispatch.worker)
+        if state.events.kept_changes:  # kept stages unloaded to make room
+            self._drain()
         if state.over_commits:
             # Taken out of the state, so a long-running one does not grow.
             over_commits, state.over_commits = state.over_commits, []
@@ -336,8 +350,8 @@ class Driver:
             self._record_cancelled(finished.newly_cancelled)
         # Locks first: stopping running siblings may end (and forget) the whole job,
         # after which the tasks these locks name are gone.
-        if finished.released_locks:
-            self._apply(finished.released_locks, ())
+        if finished.released_locks or finished.kept_changes:
+            self._apply(finished.released_locks, (), finished.kept_changes)
         if finished.to_terminate:
             self._stop(finished.to_terminate)
         if finished.ended_groups:
@@ -355,12 +369,11 @@ class Driver:
     def _drain(self) -> None:
         """Carry out the core's pending side effects until there are none."""
         while True:
-            pending = self.state.events
-            if not (pending.newly_cancelled or pending.ended_groups or pending.released_locks):
+            if not self.state.events.any():
                 return
             events: CoreEvents = take_events(self.state)
             self._record_cancelled(events.newly_cancelled)
-            self._apply(events.released_locks, events.ended_groups)
+            self._apply(events.released_locks, events.ended_groups, events.kept_changes)
 
     def _record_cancelled(self, task_ids: Iterable[str]) -> None:
         now_us = self.backend.now_us()
@@ -370,10 +383,16 @@ class Driver:
                 observer.ended(record)
 
     def _apply(self, released_locks: Iterable[Lock],
-               ended_groups: Iterable[tuple[str, GroupStatus]]) -> None:
+               ended_groups: Iterable[tuple[str, GroupStatus]],
+               kept_changes: Iterable[KeptChange] = ()) -> None:
         tasks = self.state.tasks
         for lock in released_locks:
             self.backend.lock_released(lock, tasks[lock.from_task].task)
+        for stage, kept_lock in kept_changes:  # in order: a stage may go and come back
+            if kept_lock is None:
+                self.backend.evict_loaded(stage)
+            else:
+                self.backend.keep_loaded(kept_lock, tasks[kept_lock.from_task].task)
         for group, status in ended_groups:
             self._group_ended(group, status)
 

@@ -36,15 +36,25 @@ POLICY_FACTORIES: dict[str, Callable[[], Policy]] = {
     "deepeye": DeepEyePolicy,
 }
 POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
+# The policies that may keep loaded stages between jobs (`keep_loaded_bytes`).
+KEEPING_POLICIES: tuple[str, ...] = ("masa", "masa-noplan")
+
+
+def keep_loaded_for(policy: str, keep_loaded_bytes: int) -> int:
+    """`keep_loaded_bytes` for a policy that keeps stages, 0 for the others (the
+    baselines run as the paper defines them)."""
+    return keep_loaded_bytes if policy in KEEPING_POLICIES else 0
 
 
 def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None = None,
-                copied_weights: bool = False, cache_first: bool = True) -> Policy:
+                copied_weights: bool = False, cache_first: bool = True,
+                keep_loaded_bytes: int = 0) -> Policy:
     """A fresh policy by name; an unknown name is a UserError. `read_ahead_bytes`
     bounds masa's read-ahead window (MasaPolicy); `copied_weights` (the store's LOADs
     copy their weights, `weights_copied`) turns off masa's batch plan; `cache_first`
-    False turns off masa's cached-stages-first rule; the other policies ignore all
-    three."""
+    False turns off masa's cached-stages-first rule; `keep_loaded_bytes` keeps loaded
+    stages between jobs within that many bytes (masa.sched.core). `masa-paper`,
+    `masa-plan` and the baselines ignore all four."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
@@ -53,9 +63,11 @@ def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None
     if factory is BatchPlanningPolicy:
         return BatchPlanningPolicy(planner=ThreadPlanner() if real_time else None,
                                    plan_batches=not copied_weights,
-                                   read_ahead_bytes=read_ahead_bytes, cache_first=cache_first)
+                                   read_ahead_bytes=read_ahead_bytes, cache_first=cache_first,
+                                   keep_loaded_bytes=keep_loaded_bytes)
     if factory is MasaPolicy:
-        return MasaPolicy(read_ahead_bytes=read_ahead_bytes, cache_first=cache_first)
+        return MasaPolicy(read_ahead_bytes=read_ahead_bytes, cache_first=cache_first,
+                          keep_loaded_bytes=keep_loaded_bytes)
     return factory()
 
 

@@ -70,6 +70,9 @@ class RunSettings:
     keep_cached_bytes: int | None = None
     # masa's cached-stages-first rule (MasaPolicy); off: smallest-first, as before it.
     cache_first: bool = True
+    # masa and masa-noplan: keep loaded stages between jobs within this many bytes of
+    # the budget, evicted when a task needs the memory (masa.sched.core). 0: off.
+    keep_loaded_bytes: int = 0
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -84,6 +87,8 @@ class RunSettings:
             raise UserError(f"--read-ahead: expected a size >= 0, got {self.read_ahead_bytes}")
         if self.keep_cached_bytes is not None and self.keep_cached_bytes < 0:
             raise UserError(f"--keep-cached: expected a size >= 0, got {self.keep_cached_bytes}")
+        if self.keep_loaded_bytes < 0:
+            raise UserError(f"--keep-loaded: expected a size >= 0, got {self.keep_loaded_bytes}")
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,8 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
               device: DeviceModel | None = None) -> tuple[RunOutcome, SimulationResult]:
     policy = make_policy(settings.policy, read_ahead_bytes=settings.read_ahead_bytes,
                          copied_weights=weights_copied(prepared.manifests),
-                         cache_first=settings.cache_first)
+                         cache_first=settings.cache_first,
+                         keep_loaded_bytes=settings.keep_loaded_bytes)
     result = simulate_graph(prepared.graph, policy=policy, workers=settings.workers,
                             memory_budget_bytes=settings.memory_budget_bytes,
                             driver_options={"context": controller}, device=device)
@@ -338,7 +344,8 @@ def _simulate(prepared: PreparedRun, settings: RunSettings,
         peak_reserved_bytes=result.peak_reserved_bytes,
         final_reserved_bytes=result.final_reserved_bytes,
         memory_timeline=[(t, reserved, None) for t, reserved in result.memory_timeline],
-        dispatch_order=list(result.dispatch_order), policy_stats=policy_stats(policy),
+        dispatch_order=list(result.dispatch_order),
+        policy_stats=policy_stats(policy) | result.kept_stats,
     ), result
 
 
@@ -359,7 +366,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       keep_outputs=settings.keep_outputs,
                       read_ahead_bytes=settings.read_ahead_bytes,
                       keep_cached_bytes=settings.keep_cached_bytes,
-                      cache_first=settings.cache_first),
+                      cache_first=settings.cache_first,
+                      keep_loaded_bytes=settings.keep_loaded_bytes),
         context=controller,
     )
     executor.driver.observers.extend(observers)

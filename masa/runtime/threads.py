@@ -79,6 +79,7 @@ from masa.sched.core import (
     GroupStatus,
     OverCommit,
     SchedulerState,
+    kept_stats,
     new_state,
     set_cached_stages,
     unfinished_task_ids,
@@ -126,6 +127,7 @@ class RealRunConfig:
     read_ahead_bytes: int | None = None  # masa's read-ahead window (None: memory bounds it)
     keep_cached_bytes: int | None = None  # stage files kept cached (masa.runtime.pagecache)
     cache_first: bool = True  # masa's cached-stages-first rule (MasaPolicy)
+    keep_loaded_bytes: int = 0  # loaded stages kept between jobs (masa.sched.core)
 
 
 @dataclass
@@ -361,6 +363,10 @@ class _Stages:
         self.weights_in_memory: dict[tuple[str, str], tuple[str, int]] = {}
         # ... and locked in memory until the unload (model_prep.session.LockedPages).
         self.locked_weights: dict[tuple[str, str], LockedPages] = {}
+        # Kept loaded stages (masa.sched.core, `keep_loaded_bytes`), by (network,
+        # stage_id): the slot of each of the three dicts above, moved out of its job.
+        self.kept: dict[tuple[str, str], tuple[ort.InferenceSession,
+                                               tuple[str, int] | None, LockedPages | None]] = {}
         self.warned_unlocked = False
         self.lock = threading.Lock()
 
@@ -455,19 +461,52 @@ class _Stages:
             mapped = self.weights_in_memory.pop(key, None)
             locked = self.locked_weights.pop(key, None)
             unloaded = self.sessions.pop(key, None) is not None
+        self._unloaded(mapped, locked)
+        return unloaded
+
+    def _unloaded(self, mapped: tuple[str, int] | None, locked: LockedPages | None) -> None:
+        """A session is gone: its weights' pages are unlocked, and maybe dropped."""
+        with self.lock:
             drop = (mapped is not None and self.kept_files is not None
                     and self.kept_files.unloaded(*mapped))
         if locked is not None:
             locked.unlock()  # outside the lock: unmapping a large locked file takes a while
         if mapped is not None and drop:
             drop_cached(mapped[0])  # pages another job's stage maps stay
-        return unloaded
+
+    def keep(self, opener: Task) -> None:
+        """The LOAD `opener`'s stage stays loaded, out of its job, until reused or evicted."""
+        key = (opener.group, opener.stage_id)
+        with self.lock:
+            session = self.sessions.pop(key, None)
+            if session is not None:
+                self.kept[(opener.network, opener.stage_id)] = (
+                    session, self.weights_in_memory.pop(key, None),
+                    self.locked_weights.pop(key, None))
+
+    def reuse(self, task: Task) -> None:
+        """The LOAD `task` takes its stage's kept session (and its mapped weights)."""
+        key = (task.group, task.stage_id)
+        with self.lock:
+            session, mapped, locked = self.kept.pop((task.network, task.stage_id))
+            self.sessions[key] = session
+            if mapped is not None:
+                self.weights_in_memory[key] = mapped
+            if locked is not None:
+                self.locked_weights[key] = locked
+
+    def evict(self, stage: tuple[str, str]) -> None:
+        with self.lock:
+            entry = self.kept.pop(stage, None)
+        if entry is not None:
+            self._unloaded(entry[1], entry[2])
 
     def stage_file_bytes(self) -> int:
         """The loaded stages' mapped weights in memory, in bytes: a stage loaded by two
         jobs at once maps one file, held once."""
         with self.lock:
-            return sum(dict(self.weights_in_memory.values()).values())
+            kept = [mapped for _, mapped, _ in self.kept.values() if mapped is not None]
+            return sum(dict([*self.weights_in_memory.values(), *kept]).values())
 
     def drop_group(self, group: str) -> None:
         with self.lock:
@@ -503,6 +542,7 @@ class ThreadBackend:
         self.cache_probe_due_us: int | None = 0
         self.cached_stages: set[tuple[str, str]] | None = None  # the state's, updated here
         self.pending_unload = False
+        self.reused: set[str] = set()  # LOADs told to take a kept stage (reuse_loaded)
         self.last_unmodelled_bytes: int | None = None  # at the last decision (measured)
         # Unmodelled memory a trim left (or less, read since with nothing running)
         self.unreturned_bytes = 0
@@ -566,6 +606,10 @@ class ThreadBackend:
         return int((self.clock() - self.start_s) * 1e6)
 
     def start(self, task: Task, worker: int) -> None:
+        if task.task_id in self.reused:  # its stage's kept session: nothing to do
+            self.reused.discard(task.task_id)
+            self.completions.put(Completion(task.task_id, self.now_us(), True))
+            return
         if task.kind is TaskKind.EXEC:
             error = self._prepare_inputs(task.group)
             if error is not None:  # the network fails alone, without running the stage
@@ -689,6 +733,17 @@ class ThreadBackend:
         if self.stages.release(opener):
             self.pending_unload = True
 
+    def keep_loaded(self, lock: Lock, opener: Task) -> None:
+        self.stages.keep(opener)
+
+    def evict_loaded(self, stage: tuple[str, str]) -> None:
+        self.stages.evict(stage)
+        self.pending_unload = True
+
+    def reuse_loaded(self, task: Task) -> None:
+        self.stages.reuse(task)
+        self.reused.add(task.task_id)
+
     def group_ended(self, group: str, status: GroupStatus) -> None:
         if status is not GroupStatus.DONE:
             self.outputs.pop(group, None)  # results of a failed or aborted network
@@ -792,7 +847,8 @@ class RealExecutor:
             make_policy(config.policy, real_time=config.plan_in_background,
                         read_ahead_bytes=config.read_ahead_bytes,
                         copied_weights=weights_copied(manifests),
-                        cache_first=config.cache_first))
+                        cache_first=config.cache_first,
+                        keep_loaded_bytes=config.keep_loaded_bytes))
         self.backend = ThreadBackend(manifests, inputs_for, config, clock)
         self.recorder = Recorder()
         self.driver = Driver(self.state, self.backend, context=context,
@@ -863,8 +919,8 @@ class RealExecutor:
             peak_reserved_bytes=self.state.ledger.peak_reserved_bytes,
             final_reserved_bytes=self.state.ledger.reserved_bytes,
             memory_timeline=self.recorder.memory_timeline,
-            policy_stats=policy_stats(self.state.policy),
-            live_sessions_after=len(backend.stages.sessions),
+            policy_stats=policy_stats(self.state.policy) | kept_stats(self.state),
+            live_sessions_after=len(backend.stages.sessions) + len(backend.stages.kept),
             live_tensors_after=len(backend.stages.tensors),
             dispatch_order=self.recorder.dispatch_order,
             errors=self.driver.errors,

@@ -44,6 +44,7 @@ from masa.sched.core import (
     Policy,
     SchedulerState,
     gate_group,
+    kept_stats,
     new_state,
     set_cached_stages,
 )
@@ -65,13 +66,19 @@ class VirtualBackend:
         self._sequence = 0
         self._entry_of: dict[str, int] = {}  # task id -> sequence of its live heap entry
         self._running: set[str] = set()
+        self._reusing: set[str] = set()  # LOADs told to take a kept stage: they take no time
 
     def now_us(self) -> int:
         return self.clock_us
 
     def start(self, task: Task, worker: int) -> None:
         self._running.add(task.task_id)
-        self._push_finish(self.clock_us + task.duration_us, task.task_id)
+        reused = task.task_id in self._reusing
+        self._reusing.discard(task.task_id)
+        self._push_finish(self.clock_us + (0 if reused else task.duration_us), task.task_id)
+
+    def reuse_loaded(self, task: Task) -> None:
+        self._reusing.add(task.task_id)
 
     def _push_finish(self, end_us: int, task_id: str) -> None:
         """The task's (new) completion time; an entry pushed before for it goes stale."""
@@ -122,6 +129,8 @@ class VirtualBackend:
         return None
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None: ...
     def lock_released(self, lock: Lock, opener: Task) -> None: ...
+    def keep_loaded(self, lock: Lock, opener: Task) -> None: ...
+    def evict_loaded(self, stage: tuple[str, str]) -> None: ...
     def group_ended(self, group: str, status: GroupStatus) -> None: ...
     def discard_outputs(self, group: str) -> None: ...
     def job_ended(self, job_id: int) -> None: ...
@@ -320,6 +329,11 @@ class DeviceBackend(VirtualBackend):
     def start(self, task: Task, worker: int) -> None:
         key, storage = self._storage(task)
         extra_us = 0
+        if task.task_id in self._reusing:  # a kept stage: no read, no CPU, its pin kept
+            self._reusing.discard(task.task_id)
+            self._running.add(task.task_id)
+            self._starting.append((task.task_id, task.network, True, 0, 0))
+            return
         if task.kind is TaskKind.LOAD:
             self._fill_until(self.clock_us)
             read_end_us, in_flight = self._filling.get(key, (0, 0))
@@ -338,9 +352,7 @@ class DeviceBackend(VirtualBackend):
             self.cache.use(key)
             if missing:
                 self._filling[key] = (self.clock_us + extra_us, in_flight + missing)
-            if storage.mapped_bytes:
-                self.cache.pins[key] = self.cache.pins.get(key, 0) + 1
-                self.mapped_loaded_bytes += storage.mapped_bytes
+            self._pin((key, storage), 1)
         elif storage.mapped_bytes:
             extra_us = self._queued_read_us(self.device.read_us(self._reread_bytes(storage)))
         self._running.add(task.task_id)
@@ -490,13 +502,25 @@ class DeviceBackend(VirtualBackend):
             outcome.killed_at_us = at_us
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
-        key, storage = self._storage(task)
-        # A stage is unloaded when its EXEC ends, or when its LOAD failed.
-        unloads = task.kind is TaskKind.EXEC or (task.kind is TaskKind.LOAD and not ok)
         self._reading.pop(task.task_id, None)
-        if unloads and storage.mapped_bytes and self.cache.pins.get(key):
-            self.cache.pins[key] -= 1
-            self.mapped_loaded_bytes -= storage.mapped_bytes
+
+    def lock_released(self, lock: Lock, opener: Task) -> None:
+        """A stage is unloaded when its LOAD's lock is released: its EXEC has ended, or
+        will never run (its LOAD failed, its network was cancelled)."""
+        if opener.kind is TaskKind.LOAD:
+            self._pin(self._storage(opener), -1)
+
+    def _pin(self, stage: tuple[tuple[str, str], StageStorage], delta: int) -> None:
+        """A loaded (+1) or unloaded (-1) copy of a stage holds its mapped weights."""
+        key, storage = stage
+        if storage.mapped_bytes and (delta > 0 or self.cache.pins.get(key)):
+            self.cache.pins[key] = self.cache.pins.get(key, 0) + delta
+            self.mapped_loaded_bytes += delta * storage.mapped_bytes
+
+    # A kept stage stays loaded, its LOAD's pin held (its lock is not released) until
+    # its eviction; a LOAD that reuses it takes that pin over.
+    def evict_loaded(self, stage: tuple[str, str]) -> None:
+        self._pin((stage, self.device.stages.get(stage, StageStorage(0))), -1)
 
     def job_ended(self, job_id: int) -> None:
         if self.outcome.killed_at_us is None:
@@ -517,6 +541,7 @@ class SimulationResult:
     final_reserved_bytes: int  # 0 unless tasks are stuck (a group gated forever)
     unfinished: tuple[str, ...]  # tasks that never ended (gated forever)
     device: DeviceOutcome | None = None  # with a DeviceModel: storage, cache, the kill
+    kept_stats: dict[str, int] = field(default_factory=dict)  # masa.sched.core.kept_stats
 
 
 def simulate_graph(
@@ -572,4 +597,5 @@ def simulate_graph(
         final_reserved_bytes=state.ledger.reserved_bytes,
         unfinished=tuple(_unfinished(state)),
         device=backend.outcome if isinstance(backend, DeviceBackend) else None,
+        kept_stats=kept_stats(state),
     )

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from masa.common.errors import UserError
 from masa.common.graphs import find_cycle, topological_order
-from masa.sched.taskgraph import Lock, Task, TaskGraph
+from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 
 class TaskState(Enum):
@@ -72,23 +72,32 @@ class GroupStatus(Enum):
     CANCELLED = "cancelled"  # skipped or aborted by context-aware execution, or upstream failed
 
 
+# (network, stage_id) and the LOAD lock now kept for it, or None: evicted.
+KeptChange = tuple[tuple[str, str], Lock | None]
+
+
 class SchedulerError(RuntimeError):
     """The core API was misused (a bug in the caller), not bad user input."""
 
 
 @dataclass(slots=True)
 class MemoryLedger:
-    """Reserved bytes against a budget. Never negative; above budget only when told."""
+    """Reserved bytes against a budget. Never negative; above budget only when told.
+
+    `kept_bytes` is the part of `reserved_bytes` that kept loaded stages hold: still
+    in memory, and reclaimable at any dispatch (the core unloads them, oldest
+    first), so free memory counts it as free."""
 
     budget_bytes: int
     reserved_bytes: int = 0
     peak_reserved_bytes: int = 0
+    kept_bytes: int = 0
 
     def free_bytes(self) -> int:
-        return self.budget_bytes - self.reserved_bytes
+        return self.budget_bytes - self.reserved_bytes + self.kept_bytes
 
     def fits(self, memory_bytes: int) -> bool:
-        return self.reserved_bytes + memory_bytes <= self.budget_bytes
+        return self.reserved_bytes - self.kept_bytes + memory_bytes <= self.budget_bytes
 
     def reserve(self, memory_bytes: int, *, allow_over_budget: bool = False) -> None:
         if memory_bytes < 0:
@@ -116,6 +125,9 @@ class Dispatch:
     task_id: str
     worker: int
     over_commit: bool = False
+    # A LOAD that takes its stage's kept session (`keep_loaded_bytes`): nothing to
+    # read or create, so the backend ends it at once.
+    reuses_kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +155,7 @@ class Finished:
     status: TaskState
     released_bytes: int  # total returned to the ledger by this call
     released_locks: list[Lock] = field(default_factory=list)
+    kept_changes: list[KeptChange] = field(default_factory=list)  # see CoreEvents
     newly_cancelled: list[str] = field(default_factory=list)  # tasks that never ran
     newly_failed_groups: list[str] = field(default_factory=list)
     to_terminate: list[str] = field(default_factory=list)  # running tasks to stop
@@ -155,8 +168,17 @@ class CoreEvents:
 
     released_bytes: int = 0
     released_locks: list[Lock] = field(default_factory=list)
+    # Kept loaded stages, in order: (stage, lock) when a LOAD lock is released into
+    # them (the backend keeps the stage's session under (network, stage_id) instead
+    # of unloading it), (stage, None) when a kept stage is evicted (unload it now).
+    # A LOAD that takes a kept stage says so in its Dispatch.
+    kept_changes: list[KeptChange] = field(default_factory=list)
     newly_cancelled: list[str] = field(default_factory=list)
     ended_groups: list[tuple[str, GroupStatus]] = field(default_factory=list)
+
+    def any(self) -> bool:
+        return bool(self.newly_cancelled or self.ended_groups or self.released_locks
+                    or self.kept_changes)
 
 
 @dataclass(slots=True)
@@ -231,6 +253,15 @@ class SchedulerState:
     # before this decision (a LOAD of them reads no storage); None: not known. Set by
     # the backend when the policy asks for it (`uses_cached_stages`); read-only here.
     cached_stages: Set[tuple[str, str]] | None = None
+    # Kept loaded stages (issue 14): a LOAD lock released at the stage's last EXEC
+    # moves here instead, its bytes still reserved (`ledger.kept_bytes`), while the
+    # kept bytes stay within `keep_loaded_bytes` (0: nothing is kept). The next LOAD
+    # of that stage takes it and costs nothing; a dispatch that needs the memory
+    # evicts the least recently kept. (network, stage_id) -> the lock, oldest first.
+    keep_loaded_bytes: int = 0
+    kept: dict[tuple[str, str], Lock] = field(default_factory=dict)
+    loads_reused: int = 0
+    kept_evicted: int = 0
 
 
 def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> SchedulerState:
@@ -240,11 +271,16 @@ def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> Schedul
         raise UserError(f"workers: expected a positive integer, got {workers}")
     if memory_budget_bytes < 0:
         raise UserError(f"memory budget: expected a non-negative size, got {memory_budget_bytes}")
+    keep_loaded_bytes = getattr(policy, "keep_loaded_bytes", 0)
+    if keep_loaded_bytes and not policy.memory_aware:
+        raise UserError(f"keeping loaded stages: policy {policy.name!r} ignores the memory "
+                        "budget, so it cannot keep stages within it")
     return SchedulerState(
         workers=workers,
         ledger=MemoryLedger(memory_budget_bytes),
         policy=policy,
         free_workers=list(range(workers)),
+        keep_loaded_bytes=keep_loaded_bytes,
     )
 
 
@@ -425,8 +461,11 @@ def _start(state: SchedulerState, task_id: str) -> Dispatch:
     info.worker = heapq.heappop(state.free_workers)
     state.running_count += 1
     ledger = state.ledger
+    reuses_kept = bool(state.kept) and _take_kept(state, info.task)
     over_commit = not ledger.fits(info.footprint_bytes)
     ledger.reserve(info.footprint_bytes, allow_over_budget=True)
+    while ledger.kept_bytes and ledger.reserved_bytes > ledger.budget_bytes:
+        _evict_oldest(state)
     if over_commit:
         state.over_commits.append(
             OverCommit(task_id, info.footprint_bytes, ledger.reserved_bytes,
@@ -440,7 +479,66 @@ def _start(state: SchedulerState, task_id: str) -> Dispatch:
         successor = state.tasks[successor_id]
         successor.waiting_starts -= 1
         _try_ready(state, successor)
-    return Dispatch(task_id, info.worker, over_commit)
+    return Dispatch(task_id, info.worker, over_commit, reuses_kept)
+
+
+def _take_kept(state: SchedulerState, task: Task) -> bool:
+    """A LOAD of a kept stage takes it: the kept bytes return to the ledger, which
+    reserves the LOAD's footprint as for any LOAD."""
+    if task.kind is not TaskKind.LOAD:
+        return False
+    lock = state.kept.pop((task.network, task.stage_id), None)
+    if lock is None:
+        return False
+    state.ledger.kept_bytes -= lock.memory_bytes
+    state.ledger.release(lock.memory_bytes)
+    state.loads_reused += 1
+    return True
+
+
+def _evict_oldest(state: SchedulerState) -> None:
+    stage = next(iter(state.kept))
+    lock = state.kept.pop(stage)
+    state.ledger.kept_bytes -= lock.memory_bytes
+    state.ledger.release(lock.memory_bytes)
+    state.events.released_bytes += lock.memory_bytes
+    state.events.kept_changes.append((stage, None))
+    state.kept_evicted += 1
+
+
+def kept_stats(state: SchedulerState) -> dict[str, int]:
+    """For the report: LOADs that reused a kept stage, kept stages evicted ({} when
+    nothing is kept)."""
+    if not state.keep_loaded_bytes:
+        return {}
+    return {"keep_loaded_bytes": state.keep_loaded_bytes, "loads_reused": state.loads_reused,
+            "kept_evicted": state.kept_evicted}
+
+
+def evict_kept(state: SchedulerState) -> None:
+    """Unload every kept stage (a run's end): `take_events` lists them."""
+    while state.kept:
+        _evict_oldest(state)
+
+
+def _keeps(state: SchedulerState, lock: Lock) -> bool:
+    """Whether a LOAD lock being released moves into the kept stages: its LOAD ran to
+    the end in a network not failed, no other copy of the stage is kept, and it
+    fits within `keep_loaded_bytes` once the oldest kept ones make room."""
+    if not state.keep_loaded_bytes or lock.memory_bytes > state.keep_loaded_bytes:
+        return False
+    opener = state.tasks[lock.from_task]
+    task = opener.task
+    if (task.kind is not TaskKind.LOAD or opener.state is not TaskState.DONE
+            or state.groups[task.group].status is GroupStatus.FAILED
+            or (task.network, task.stage_id) in state.kept):
+        return False
+    while state.ledger.kept_bytes + lock.memory_bytes > state.keep_loaded_bytes:
+        _evict_oldest(state)
+    state.kept[(task.network, task.stage_id)] = lock
+    state.ledger.kept_bytes += lock.memory_bytes
+    state.events.kept_changes.append(((task.network, task.stage_id), lock))
+    return True
 
 
 def finish(state: SchedulerState, task_id: str, ok: bool = True) -> Finished:
@@ -485,6 +583,7 @@ def finish(state: SchedulerState, task_id: str, ok: bool = True) -> Finished:
         status=status,
         released_bytes=events.released_bytes,
         released_locks=events.released_locks,
+        kept_changes=events.kept_changes,
         newly_cancelled=events.newly_cancelled,
         newly_failed_groups=failed_groups,
         to_terminate=to_terminate,
@@ -512,7 +611,7 @@ def _task_ended(state: SchedulerState, info: TaskInfo) -> None:
 def _maybe_release(state: SchedulerState, lock_info: LockInfo) -> None:
     if lock_info.from_ended and lock_info.open_until == 0 and not lock_info.released:
         lock_info.released = True
-        if lock_info.held:
+        if lock_info.held and not _keeps(state, lock_info.lock):
             state.ledger.release(lock_info.lock.memory_bytes)
             state.events.released_bytes += lock_info.lock.memory_bytes
             state.events.released_locks.append(lock_info.lock)

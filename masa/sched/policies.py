@@ -144,9 +144,13 @@ class MasaPolicy:
     def __init__(self, admission: bool = True, headroom: bool = True,
                  job_order: bool | None = None, ageing: float = JOB_AGEING,
                  queue_jobs: int | None = None, read_ahead_bytes: int | None = None,
-                 cache_first: bool | None = None) -> None:
+                 cache_first: bool | None = None, keep_loaded_bytes: int = 0) -> None:
         if read_ahead_bytes is not None and read_ahead_bytes < 0:
             raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
+        if keep_loaded_bytes < 0:
+            raise ValueError(f"keep_loaded_bytes: expected >= 0, got {keep_loaded_bytes}")
+        # Loaded stages kept between jobs, within this many bytes (masa.sched.core).
+        self.keep_loaded_bytes = keep_loaded_bytes
         self.admission = admission
         self.headroom = headroom
         # None: our job order comes with our other rules (masa), not with the paper's.

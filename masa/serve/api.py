@@ -273,6 +273,11 @@ async def status(request: web.Request) -> web.Response:
         "accepting": service.accepting, "active_jobs": service.active_jobs(),
         "memory_budget_bytes": service.budget_bytes, "budget": service.budget_how,
         "reserved_bytes": service.state.ledger.reserved_bytes,
+        # Of those, what stages kept loaded between jobs hold (`keep_loaded`), and how
+        # many LOADs took a kept stage instead of loading it.
+        "kept_loaded_bytes": service.state.ledger.kept_bytes,
+        "kept_stages": len(service.state.kept),
+        "loads_reused": service.state.loads_reused,
         "peak_reserved_bytes": service.peak_reserved_bytes,
         # The process's own measure since start, as `masa run` reports it: anonymous
         # memory above the baseline plus the loaded stages' weights in memory.

@@ -25,7 +25,7 @@ import yaml
 
 from masa.common.errors import ErrorCollector, UserError, ValidationError
 from masa.common.units import parse_memory_bytes
-from masa.runtime.registry import POLICY_NAMES
+from masa.runtime.registry import KEEPING_POLICIES, POLICY_NAMES
 from masa.runtime.threads import DEFAULT_MEMORY_SOURCE, MEMORY_SOURCES
 from masa.sched.context import CONTEXT_MODES
 from model_prep.manifest import NetworkManifest
@@ -46,7 +46,8 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 LAYOUTS = ("nchw", "nhwc")
 JOURNAL_SYNC = ("full", "normal")
-_TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "keep_cached", "workers",
+_TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "keep_cached", "keep_loaded",
+               "workers",
                "policy", "context", "memory_source", "intra_op_threads", "listen",
                "token_file", "journal", "journal_sync", "retention_s", "limits",
                "shutdown_grace_s", "graphs"}
@@ -99,6 +100,7 @@ class ServeConfig:
     memory_margin_bytes: int
     read_ahead_bytes: int | None  # masa's read-ahead window (None: as memory allows)
     keep_cached_bytes: int | None  # stage files kept cached (None: the kernel decides)
+    keep_loaded_bytes: int  # masa: loaded stages kept between jobs (0: none)
     workers: int
     policy: str
     context: str
@@ -241,6 +243,7 @@ def _parse_settings(errors: ErrorCollector, raw: Mapping[str, Any], base: Path
                              else _size(errors, raw, "read_ahead", 0)),
         "keep_cached_bytes": (None if raw.get("keep_cached") is None
                               else _size(errors, raw, "keep_cached", 0)),
+        "keep_loaded_bytes": _keep_loaded(errors, raw),
         "workers": _positive(errors, raw, "workers", 2),
         "policy": _choice(errors, raw, "policy", POLICY_NAMES, "masa"),
         "context": _choice(errors, raw, "context", CONTEXT_MODES, "wait"),
@@ -256,6 +259,15 @@ def _parse_settings(errors: ErrorCollector, raw: Mapping[str, Any], base: Path
         "shutdown_grace_s": float(_positive(errors, raw, "shutdown_grace_s", 30,
                                             (int, float))),
     }
+
+
+def _keep_loaded(errors: ErrorCollector, raw: Mapping[str, Any]) -> int:
+    keep_bytes = _size(errors, raw, "keep_loaded", 0)
+    policy = raw.get("policy", "masa")
+    if keep_bytes and policy in POLICY_NAMES and policy not in KEEPING_POLICIES:
+        errors.add("keep_loaded", f"policy {policy!r} does not keep stages; expected policy "
+                   f"{' or '.join(KEEPING_POLICIES)}, or no keep_loaded")
+    return keep_bytes
 
 
 def _parse_listen(errors: ErrorCollector, value: Any

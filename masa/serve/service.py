@@ -231,7 +231,8 @@ class Service:
         self.state = new_state(config.workers, self.budget_bytes,
                                make_policy(config.policy, real_time=True,
                                            read_ahead_bytes=config.read_ahead_bytes,
-                                           copied_weights=weights_copied(config.manifests)))
+                                           copied_weights=weights_copied(config.manifests),
+                                           keep_loaded_bytes=config.keep_loaded_bytes))
         controller = None
         if config.context != "oblivious" and config.upstreams:
             controller = _GraphContext(config.context, config.upstreams, self._decide)

@@ -1,0 +1,172 @@
+"""Kept loaded stages (`keep_loaded_bytes`): a stage's session stays loaded between
+jobs within a bound of the budget, the next LOAD of it takes it at no cost, and a
+dispatch that needs the memory evicts the least recently kept (masa.sched.core)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from outputs import assert_outputs_like_whole_models
+from sched_graphs import chain_network, merge
+
+from masa.cli.main import main
+from masa.common.errors import UserError
+from masa.runtime.registry import make_policy
+from masa.runtime.threads import RealExecutor, RealRunConfig
+from masa.runtime.virtual import simulate_graph
+from masa.sched.checker import check_schedule
+from masa.sched.core import (
+    add_tasks,
+    finish,
+    is_finished,
+    new_state,
+    select,
+)
+from masa.sched.jobs import JobSpec, build_workload_graph
+from masa.sched.policies import BulkPolicy, MasaPolicy
+from model_prep.feeds import random_feeds
+from model_prep.manifest import load_store_network
+
+MIB = 2**20
+
+
+def _run_job(state, job: int) -> list:  # noqa: ANN001
+    """Dispatch and finish one task at a time until the state is idle; the dispatches."""
+    dispatches = []
+    while True:
+        started = select(state)
+        if not started:
+            return dispatches
+        for dispatch in started:
+            dispatches.append(dispatch)
+            finish(state, dispatch.task_id)
+
+
+def test_a_stage_is_kept_after_its_exec_and_the_next_job_reuses_it() -> None:
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=1000))
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    first = _run_job(state, 0)
+    assert is_finished(state) and not any(d.reuses_kept for d in first)
+    # Both stages stay loaded: their 300 bytes stay reserved, and count as free.
+    assert state.ledger.reserved_bytes == 300 and state.ledger.kept_bytes == 300
+    assert state.ledger.free_bytes() == 1000 and list(state.kept) == [("n0", "s0"), ("n0", "s1")]
+    add_tasks(state, chain_network(1, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    second = _run_job(state, 1)
+    reused = {d.task_id for d in second if d.reuses_kept}
+    assert reused == {"j1/n0/s0/load", "j1/n0/s1/load"}
+    assert state.loads_reused == 2 and state.ledger.reserved_bytes == 300
+    assert state.ledger.peak_reserved_bytes <= 1000
+
+
+def test_a_dispatch_that_needs_the_memory_evicts_the_least_recently_kept() -> None:
+    state = new_state(1, 400, MasaPolicy(keep_loaded_bytes=400))
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    _run_job(state, 0)
+    assert state.ledger.kept_bytes == 300
+    # Another network's 250-byte stage fits only once both kept stages are gone:
+    # 300 kept + 250 > 400, s0 (kept first) goes, then 200 + 250 > 400, s1 goes too.
+    add_tasks(state, chain_network(1, 1, [250], exec_bytes=7, output_bytes=3))
+    [dispatch] = select(state)
+    assert dispatch.task_id == "j1/n1/s0/load" and not dispatch.over_commit
+    events = state.events
+    assert [stage for stage, lock in events.kept_changes] == [("n0", "s0"), ("n0", "s1")]
+    assert all(lock is None for _, lock in events.kept_changes)
+    assert state.ledger.reserved_bytes == 250 <= state.ledger.budget_bytes
+    assert state.kept_evicted == 2 and not state.kept
+
+
+def test_kept_stages_stay_within_their_bound_oldest_out_first() -> None:
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=250))
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    _run_job(state, 0)
+    # s1 (200) joins after s0 (100): 300 > 250, so s0 is evicted to make room.
+    assert list(state.kept) == [("n0", "s1")] and state.ledger.kept_bytes == 200
+    assert state.ledger.reserved_bytes == 200
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=150))
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    _run_job(state, 0)
+    assert list(state.kept) == [("n0", "s0")] and state.ledger.reserved_bytes == 100
+
+
+def test_a_failed_network_keeps_nothing() -> None:
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=1000))
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    [load] = select(state)
+    finish(state, load.task_id)
+    [execute] = select(state)
+    finish(state, execute.task_id, ok=False)
+    assert is_finished(state) and not state.kept and state.ledger.reserved_bytes == 0
+
+
+def test_a_memory_oblivious_policy_cannot_keep_stages() -> None:
+    policy = BulkPolicy()
+    policy.keep_loaded_bytes = 100  # type: ignore[attr-defined]
+    with pytest.raises(UserError, match="ignores the memory budget"):
+        new_state(1, 1000, policy)
+    assert not getattr(make_policy("bulk", keep_loaded_bytes=100), "keep_loaded_bytes", 0)
+
+
+def test_a_simulation_reuses_kept_stages_at_no_cost_and_ends_with_nothing_reserved() -> None:
+    graph = merge([chain_network(job, 0, [100, 200, 50], release_us=job * 1000,
+                                 load_us=300, exec_us=50) for job in range(4)])
+    plain = simulate_graph(graph, policy=make_policy("masa"), workers=2, memory_budget_bytes=600)
+    kept = simulate_graph(graph, policy=make_policy("masa", keep_loaded_bytes=600),
+                          workers=2, memory_budget_bytes=600)
+    loads = {e.task_id: e for e in kept.schedule if e.task_id.endswith("/load")}
+    later = [e for task_id, e in loads.items() if not task_id.startswith("j0/")]
+    assert later and all(e.end_us == e.start_us for e in later)
+    assert all(e.end_us - e.start_us == 300 for t, e in loads.items() if t.startswith("j0/"))
+    assert kept.kept_stats == {"keep_loaded_bytes": 600, "loads_reused": 9, "kept_evicted": 3}
+    assert kept.final_reserved_bytes == 0 and plain.final_reserved_bytes == 0
+    assert kept.peak_reserved_bytes <= 600 and not kept.over_commits
+    assert kept.makespan_us < plain.makespan_us
+    assert check_schedule(graph, list(kept.schedule), workers=2, memory_budget_bytes=600) == []
+
+
+@pytest.mark.real
+def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: Path) -> None:
+    networks = ("agenet", "googlenet")
+    manifests = {name: load_store_network(small_zoo_store, name) for name in networks}
+    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
+             for name, m in manifests.items()}
+    # 0.3 s apart: a job's tiny stages have run and been kept when the next arrives.
+    jobs = [JobSpec(job, job * 300_000, networks) for job in range(3)]
+    graph = build_workload_graph(jobs, manifests, list(networks))
+    budget = 64 * MIB
+    result = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                          RealRunConfig(workers=2, memory_budget_bytes=budget,
+                                        keep_loaded_bytes=budget)).run()
+    stages = sum(len(m.stages) for m in manifests.values())
+    assert result.policy_stats["loads_reused"] == 2 * stages  # jobs 1 and 2 load nothing
+    assert result.policy_stats["kept_evicted"] == stages  # all unloaded at the run's end
+    assert_outputs_like_whole_models(result.outputs, manifests, feeds, range(3))
+    assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
+    assert result.peak_reserved_bytes <= budget and not result.over_commits
+    reused = [e for e in result.schedule if e.task_id.endswith("/load")
+              and not e.task_id.startswith("j0/")]
+    assert reused and all(e.worker >= 0 and e.status == "done" for e in reused)
+
+
+@pytest.mark.real
+def test_keep_loaded_is_refused_for_a_baseline_and_reported_for_masa(
+        small_zoo_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [agenet]\n"
+                        "arrivals: {kind: periodic, interval_ms: 5, count: 3, seed: 1}\n")
+    base = ["run", str(workload), "--store", str(small_zoo_store), "--memory", "8MiB",
+            "--simulate", "--keep-loaded", "4MiB"]
+    assert main(base + ["--policy", "bulk"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--keep-loaded" in err[0] and "bulk" in err[0]
+    report_path = tmp_path / "r.json"
+    assert main(base + ["--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["meta"]["keep_loaded_bytes"] == 4 * MIB
+    stats = report["meta"]["policy_stats"]
+    assert stats["loads_reused"] > 0 and stats["keep_loaded_bytes"] == 4 * MIB
+    # The summary's peak is the ledger's, kept stages included.
+    assert report["summary"]["peak_reserved_bytes"] <= 8 * MIB
