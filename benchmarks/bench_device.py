@@ -1219,6 +1219,36 @@ def simulated_side(runs: dict[str, dict[str, Any]]) -> str:
             else "simulated")
 
 
+def keep_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Masa keeping loaded stages (the `|keep` cells) against the baselines run beside
+    it and against Masa without it (the plain cell's runs): mean response, Masa's
+    ratios, its calibrated simulation and its peak reservation."""
+    by_cell = _by_cell(results)
+    lines = ["| cell | Masa, kept stages | simulated | Masa without (its cell) | Bulk | DeepEye "
+             "| kept / Bulk | kept vs best baseline | peak reserved |", "|" + "---|" * 9]
+    for cell in grid():
+        runs = by_cell.get(cell.key, {})
+        if not cell.keep_loaded or "masa" not in runs:
+            continue
+        plain = by_cell.get(replace(cell, keep_loaded=False).key, {}).get("masa") or {}
+        masa = runs["masa"]
+        means = {p: ((runs.get(p) or {}).get("real") or {}).get("mean_ms") for p in POLICIES}
+        finished = [means[p] for p in ("bulk", "deepeye") if means[p]]
+        best = min(finished) if finished else None
+        ratio = means["masa"] / means["bulk"] if means["masa"] and means["bulk"] else None
+        versus = means["masa"] / best - 1 if means["masa"] and best else None
+        peak = masa["real"].get("peak_reserved_mib")
+        lines.append(
+            f"| {_short(masa)} | {_figure(masa['real'])} | "
+            f"{_figure(masa.get('simulated_cpu'))} | {_figure(plain.get('real'))} | "
+            f"{_figure((runs.get('bulk') or {}).get('real'))} | "
+            f"{_figure((runs.get('deepeye') or {}).get('real'))} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if versus is None else f'{100 * versus:+.0f}%'} | "
+            f"{'-' if peak is None else f'{peak:.0f} of {cell.budget_mib} MiB'} |")
+    return lines
+
+
 def cell_rows(results: Sequence[dict[str, Any]], only_run: bool = False,
               side_of: Callable[[dict[str, dict[str, Any]]], str] = simulated_side,
               ) -> list[str]:

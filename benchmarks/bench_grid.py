@@ -59,12 +59,17 @@ POLICIES: dict[str, Callable[[bool], Policy]] = {
     "masa": lambda copied: make_policy("masa", copied_weights=copied),
     "masa-greedy": lambda copied: MasaPolicy(job_order=False),
     "masa-noplan": lambda copied: make_policy("masa-noplan"),
+    # masa keeping loaded stages between jobs as far as the budget allows
+    # (`--keep-loaded` at least the budget; the ledger evicts them as tasks need it).
+    "masa-keep": lambda copied: make_policy("masa", copied_weights=copied,
+                                            keep_loaded_bytes=KEEP_ALL_BYTES),
     "masa-q1": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=1),
     "masa-q2": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=2),
     "masa-q3": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=3),
     "bulk": lambda copied: make_policy("bulk"),
     "deepeye": lambda copied: make_policy("deepeye"),
 }
+KEEP_ALL_BYTES = 2**62
 START, END = "<!-- grid:start -->", "<!-- grid:end -->"
 MIB = 2**20
 

@@ -13,9 +13,10 @@ from sched_graphs import chain_network, merge
 
 from masa.cli.main import main
 from masa.common.errors import UserError
+from masa.runtime.driver import Driver
 from masa.runtime.registry import make_policy
 from masa.runtime.threads import RealExecutor, RealRunConfig
-from masa.runtime.virtual import simulate_graph
+from masa.runtime.virtual import VirtualBackend, simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.core import (
     add_tasks,
@@ -26,6 +27,7 @@ from masa.sched.core import (
 )
 from masa.sched.jobs import JobSpec, build_workload_graph
 from masa.sched.policies import BulkPolicy, MasaPolicy
+from masa.sched.taskgraph import Task
 from model_prep.feeds import random_feeds
 from model_prep.manifest import load_store_network
 
@@ -74,7 +76,37 @@ def test_a_dispatch_that_needs_the_memory_evicts_the_least_recently_kept() -> No
     assert [stage for stage, lock in events.kept_changes] == [("n0", "s0"), ("n0", "s1")]
     assert all(lock is None for _, lock in events.kept_changes)
     assert state.ledger.reserved_bytes == 250 <= state.ledger.budget_bytes
+    assert state.ledger.peak_reserved_bytes <= state.ledger.budget_bytes
     assert state.kept_evicted == 2 and not state.kept
+
+
+class _CallOrder(VirtualBackend):
+    """A simulator backend that records when kept stages are evicted and tasks start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def start(self, task: Task, worker: int) -> None:
+        self.calls.append(f"start {task.task_id}")
+        super().start(task, worker)
+
+    def evict_loaded(self, stage: tuple[str, str]) -> None:
+        self.calls.append(f"evict {stage[0]}/{stage[1]}")
+
+
+def test_kept_stages_are_unloaded_before_the_task_that_needs_their_memory_starts() -> None:
+    """On a device whose cap is the budget, a LOAD that starts reading while the
+    stages evicted for it are still locked in memory finds no room."""
+    graph = merge([chain_network(0, 0, [300], exec_bytes=7, output_bytes=3),
+                   chain_network(1, 1, [300], exec_bytes=7, output_bytes=3, release_us=10_000)])
+    backend = _CallOrder()
+    driver = Driver(new_state(1, 400, MasaPolicy(keep_loaded_bytes=400)), backend)
+    driver.add(graph)
+    driver.run()
+    evicted = backend.calls.index("evict n0/s0")
+    assert backend.calls[evicted + 1] == "start j1/n1/s0/load"
+    assert driver.state.ledger.peak_reserved_bytes <= 400
 
 
 def test_kept_stages_stay_within_their_bound_oldest_out_first() -> None:

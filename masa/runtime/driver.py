@@ -302,7 +302,13 @@ class Driver:
         backend.before_select(state)
         now_us = backend.now_us()
         tasks = state.tasks
-        for dispatch in select(state):
+        dispatches = select(state)
+        if state.events.kept_changes:
+            # Kept stages evicted to make room are unloaded before any task starts:
+            # on a device whose cap is the budget, a LOAD that began reading while
+            # they were still locked in memory found no room (an OOM kill, measured).
+            self._drain()
+        for dispatch in dispatches:
             task = tasks[dispatch.task_id].task
             self._running[dispatch.task_id] = (dispatch.worker, now_us)
             for observer in self.observers:
@@ -310,8 +316,6 @@ class Driver:
             if dispatch.reuses_kept:
                 backend.reuse_loaded(task)
             backend.start(task, dispatch.worker)
-        if state.events.kept_changes:  # kept stages unloaded to make room
-            self._drain()
         if state.over_commits:
             # Taken out of the state, so a long-running one does not grow.
             over_commits, state.over_commits = state.over_commits, []

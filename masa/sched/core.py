@@ -463,9 +463,12 @@ def _start(state: SchedulerState, task_id: str) -> Dispatch:
     ledger = state.ledger
     reuses_kept = bool(state.kept) and _take_kept(state, info.task)
     over_commit = not ledger.fits(info.footprint_bytes)
-    ledger.reserve(info.footprint_bytes, allow_over_budget=True)
-    while ledger.kept_bytes and ledger.reserved_bytes > ledger.budget_bytes:
+    # Kept stages make room before the reservation, so the ledger's peak never
+    # counts a kept stage and the task that evicts it at once.
+    while ledger.kept_bytes and (ledger.reserved_bytes + info.footprint_bytes
+                                 > ledger.budget_bytes):
         _evict_oldest(state)
+    ledger.reserve(info.footprint_bytes, allow_over_budget=True)
     if over_commit:
         state.over_commits.append(
             OverCommit(task_id, info.footprint_bytes, ledger.reserved_bytes,
