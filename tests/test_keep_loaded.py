@@ -98,28 +98,36 @@ class _CallOrder(VirtualBackend):
 def test_kept_stages_are_unloaded_before_the_task_that_needs_their_memory_starts() -> None:
     """On a device whose cap is the budget, a LOAD that starts reading while the
     stages evicted for it are still locked in memory finds no room."""
+    # Job 1's EXEC needs 100 bytes beside its 50: 300 kept + 150 > 400.
     graph = merge([chain_network(0, 0, [300], exec_bytes=7, output_bytes=3),
-                   chain_network(1, 1, [300], exec_bytes=7, output_bytes=3, release_us=10_000)])
+                   chain_network(1, 1, [50], exec_bytes=100, output_bytes=3,
+                                 release_us=10_000)])
     backend = _CallOrder()
     driver = Driver(new_state(1, 400, MasaPolicy(keep_loaded_bytes=400)), backend)
     driver.add(graph)
     driver.run()
     evicted = backend.calls.index("evict n0/s0")
-    assert backend.calls[evicted + 1] == "start j1/n1/s0/load"
+    assert backend.calls[evicted + 1] == "start j1/n1/s0/exec"
     assert driver.state.ledger.peak_reserved_bytes <= 400
 
 
-def test_kept_stages_stay_within_their_bound_oldest_out_first() -> None:
+def test_stages_are_kept_only_while_every_stage_loaded_fits_in_the_bound() -> None:
+    """Jobs that cycle through more stages than the bound would evict each kept stage
+    before its next use: then nothing more is kept."""
     state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=250))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
-    # s1 (200) joins after s0 (100): 300 > 250, so s0 is evicted to make room.
-    assert list(state.kept) == [("n0", "s1")] and state.ledger.kept_bytes == 200
-    assert state.ledger.reserved_bytes == 200
-    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=150))
+    assert not state.kept and state.ledger.reserved_bytes == 0  # 300 > 250
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=300))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
-    assert list(state.kept) == [("n0", "s0")] and state.ledger.reserved_bytes == 100
+    assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
+    # Another network's stage takes the stages loaded to 450 > 300: it is not kept,
+    # and those kept before stay until a task needs their memory.
+    add_tasks(state, chain_network(1, 1, [150], exec_bytes=7, output_bytes=3))
+    _run_job(state, 1)
+    assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
+    assert state.ledger.reserved_bytes == state.ledger.kept_bytes == 300
 
 
 def test_a_failed_network_keeps_nothing() -> None:

@@ -260,6 +260,10 @@ class SchedulerState:
     # evicts the least recently kept. (network, stage_id) -> the lock, oldest first.
     keep_loaded_bytes: int = 0
     kept: dict[tuple[str, str], Lock] = field(default_factory=dict)
+    # Every stage a LOAD was added for, and the sum of their resident bytes: stages
+    # are kept only while that sum fits in keep_loaded_bytes (see `_keeps`).
+    stage_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
+    seen_stage_bytes: int = 0
     loads_reused: int = 0
     kept_evicted: int = 0
 
@@ -363,6 +367,8 @@ def _add_task_infos(state: SchedulerState, graph: TaskGraph) -> list[TaskInfo]:
         footprint[lock.from_task] += lock.memory_bytes
     added: list[TaskInfo] = []
     for task in graph.tasks:
+        if state.keep_loaded_bytes and task.kind is TaskKind.LOAD:
+            _see_stage(state, task, footprint[task.task_id] - task.memory_bytes)
         info = TaskInfo(task=task, footprint_bytes=footprint[task.task_id])
         state.tasks[task.task_id] = info
         added.append(info)
@@ -524,11 +530,25 @@ def evict_kept(state: SchedulerState) -> None:
         _evict_oldest(state)
 
 
+def _see_stage(state: SchedulerState, task: Task, resident_bytes: int) -> None:
+    stage = (task.network, task.stage_id)
+    if stage not in state.stage_bytes:
+        state.stage_bytes[stage] = resident_bytes
+        state.seen_stage_bytes += resident_bytes
+
+
 def _keeps(state: SchedulerState, lock: Lock) -> bool:
     """Whether a LOAD lock being released moves into the kept stages: its LOAD ran to
-    the end in a network not failed, no other copy of the stage is kept, and it
-    fits within `keep_loaded_bytes` once the oldest kept ones make room."""
-    if not state.keep_loaded_bytes or lock.memory_bytes > state.keep_loaded_bytes:
+    the end in a network not failed, and no other copy of the stage is kept.
+
+    Only while every stage the jobs have loaded fits in `keep_loaded_bytes` (so the
+    kept stages do too): jobs
+    that cycle through more stages than that would evict each kept stage before its
+    next use (LRU's worst case), and the locked kept stages would take the room the
+    page cache keeps stage files in. Measured on the emulated Pi 4, keeping anyway:
+    mixed at 512 MiB (638 MiB of stages) 10.4 s against 7.7 s without, lifelogging
+    at 1 GiB (1092 MiB) 14.3 s against 11.2 s."""
+    if not state.keep_loaded_bytes or state.seen_stage_bytes > state.keep_loaded_bytes:
         return False
     opener = state.tasks[lock.from_task]
     task = opener.task
@@ -536,8 +556,6 @@ def _keeps(state: SchedulerState, lock: Lock) -> bool:
             or state.groups[task.group].status is GroupStatus.FAILED
             or (task.network, task.stage_id) in state.kept):
         return False
-    while state.ledger.kept_bytes + lock.memory_bytes > state.keep_loaded_bytes:
-        _evict_oldest(state)
     state.kept[(task.network, task.stage_id)] = lock
     state.ledger.kept_bytes += lock.memory_bytes
     state.events.kept_changes.append(((task.network, task.stage_id), lock))
