@@ -457,3 +457,12 @@ def test_a_kept_stage_is_loaded_again_at_no_cost_and_reads_nothing() -> None:
     plain = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
                            policy=MasaPolicy(), device=_device(100 * MB, stages))
     assert _durations(plain, "load") == [100 + 2 * MB, 100]
+    # The executor's dispatch time follows a task a worker ran, not the hand-over of
+    # a kept stage, which the real executor ends on its loop's thread.
+    slow = replace(_device(100 * MB, stages), dispatch_us=500)
+    kept = simulate_graph(_two_jobs_one_stage(), workers=1, memory_budget_bytes=10_000,
+                          policy=MasaPolicy(keep_loaded_bytes=10_000), device=slow)
+    starts = {e.task_id: (e.start_us, e.end_us) for e in kept.schedule}
+    assert starts["j0/n0/s0/exec"][0] == starts["j0/n0/s0/load"][1] + 500
+    assert starts["j1/n0/s0/exec"][0] == starts["j1/n0/s0/load"][1] == \
+        starts["j1/n0/s0/load"][0]

@@ -299,6 +299,7 @@ class DeviceBackend(VirtualBackend):
         self._filling: dict[tuple[str, str], tuple[int, int]] = {}
         self._state: SchedulerState | None = None
         self._ended_at_us: dict[str, int] = {}  # a task's end, before the dispatch time
+        self._handed_over: set[str] = set()  # LOADs that took a kept stage, not yet ended
         if not device.cold_cache:
             for key, storage in device.stages.items():
                 self.cache.touch(key, storage.file_bytes)
@@ -330,7 +331,10 @@ class DeviceBackend(VirtualBackend):
         key, storage = self._storage(task)
         extra_us = 0
         if task.task_id in self._reusing:  # a kept stage: no read, no CPU, its pin kept
+            # nor the dispatch time: the real executor ends it on the loop's thread,
+            # without handing it to a worker
             self._reusing.discard(task.task_id)
+            self._handed_over.add(task.task_id)
             self._running.add(task.task_id)
             self._starting.append((task.task_id, task.network, True, 0, 0))
             return
@@ -367,6 +371,7 @@ class DeviceBackend(VirtualBackend):
             self._ended_at_us.pop(task_id, None)
             self._reading.pop(task_id, None)
             self._cpu_left.pop(task_id, None)
+            self._handed_over.discard(task_id)
         stopped = super().terminate(task_ids)
         if self.device.shared_cpu_while_running:
             self._move_ends()
@@ -389,7 +394,12 @@ class DeviceBackend(VirtualBackend):
         return [replace(c, end_us=self._ended_at_us.pop(c.task_id, c.end_us)) for c in done]
 
     def _end_at(self, task_id: str, end_us: int) -> None:
-        """The task's work ends at `end_us`; its worker is free the dispatch time later."""
+        """The task's work ends at `end_us`; its worker is free the dispatch time later
+        (at once for a LOAD that took a kept stage)."""
+        if task_id in self._handed_over:
+            self._handed_over.discard(task_id)
+            self._push_finish(end_us, task_id)
+            return
         if self.device.dispatch_us:
             self._ended_at_us[task_id] = end_us
         self._push_finish(end_us + self.device.dispatch_us, task_id)
