@@ -118,6 +118,10 @@ def test_stages_are_kept_only_while_every_stage_loaded_fits_in_the_bound() -> No
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
     assert not state.kept and state.ledger.reserved_bytes == 0  # 300 > 250
+    state = new_state(1, 250, MasaPolicy(keep_loaded_bytes=1000))  # the budget bounds too
+    add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
+    _run_job(state, 0)
+    assert not state.kept and state.ledger.reserved_bytes == 0
     state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=300))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)

@@ -541,14 +541,15 @@ def _keeps(state: SchedulerState, lock: Lock) -> bool:
     """Whether a LOAD lock being released moves into the kept stages: its LOAD ran to
     the end in a network not failed, and no other copy of the stage is kept.
 
-    Only while every stage the jobs have loaded fits in `keep_loaded_bytes` (so the
-    kept stages do too): jobs
+    Only while every stage the jobs have loaded fits in `keep_loaded_bytes` and in
+    the budget (so the kept stages do too): jobs
     that cycle through more stages than that would evict each kept stage before its
     next use (LRU's worst case), and the locked kept stages would take the room the
     page cache keeps stage files in. Measured on the emulated Pi 4, keeping anyway:
     mixed at 512 MiB (638 MiB of stages) 10.4 s against 7.7 s without, lifelogging
     at 1 GiB (1092 MiB) 14.3 s against 11.2 s."""
-    if not state.keep_loaded_bytes or state.seen_stage_bytes > state.keep_loaded_bytes:
+    if (not state.keep_loaded_bytes or state.seen_stage_bytes
+            > min(state.keep_loaded_bytes, state.ledger.budget_bytes)):
         return False
     opener = state.tasks[lock.from_task]
     task = opener.task
