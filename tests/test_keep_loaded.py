@@ -214,3 +214,15 @@ def test_keep_loaded_is_refused_for_a_baseline_and_reported_for_masa(
     assert stats["loads_reused"] > 0 and stats["keep_loaded_bytes"] == 4 * MIB
     # The summary's peak is the ledger's, kept stages included.
     assert report["summary"]["peak_reserved_bytes"] <= 8 * MIB
+
+
+def test_a_load_told_to_reuse_a_stage_the_executor_does_not_hold_loads_it() -> None:
+    """Should the executor's kept sessions ever miss one the core kept, the LOAD runs
+    as any LOAD instead of failing the loop."""
+    from masa.runtime.threads import _Stages
+    from masa.sched.taskgraph import TaskKind
+
+    stages = _Stages({}, intra_op_threads=1)
+    load = Task("j1/n0/s0/load", TaskKind.LOAD, 10, 0, group="j1/n0", network="n0",
+                stage_id="s0")
+    assert stages.reuse(load) is False and not stages.sessions

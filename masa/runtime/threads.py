@@ -484,16 +484,21 @@ class _Stages:
                     session, self.weights_in_memory.pop(key, None),
                     self.locked_weights.pop(key, None))
 
-    def reuse(self, task: Task) -> None:
-        """The LOAD `task` takes its stage's kept session (and its mapped weights)."""
+    def reuse(self, task: Task) -> bool:
+        """The LOAD `task` takes its stage's kept session (and its mapped weights);
+        False where none is kept here (the LOAD then loads the stage as any LOAD)."""
         key = (task.group, task.stage_id)
         with self.lock:
-            session, mapped, locked = self.kept.pop((task.network, task.stage_id))
+            entry = self.kept.pop((task.network, task.stage_id), None)
+            if entry is None:
+                return False
+            session, mapped, locked = entry
             self.sessions[key] = session
             if mapped is not None:
                 self.weights_in_memory[key] = mapped
             if locked is not None:
                 self.locked_weights[key] = locked
+        return True
 
     def evict(self, stage: tuple[str, str]) -> None:
         with self.lock:
@@ -741,8 +746,8 @@ class ThreadBackend:
         self.pending_unload = True
 
     def reuse_loaded(self, task: Task) -> None:
-        self.stages.reuse(task)
-        self.reused.add(task.task_id)
+        if self.stages.reuse(task):
+            self.reused.add(task.task_id)
 
     def group_ended(self, group: str, status: GroupStatus) -> None:
         if status is not GroupStatus.DONE:

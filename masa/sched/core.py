@@ -23,6 +23,11 @@ failed or cancelled). The ledger never goes negative and only exceeds the
 budget through a dispatch flagged `over_commit`, which is recorded in
 `state.over_commits` (the progress rule of `masa` when nothing else runs, any
 dispatch of a memory-oblivious policy, or a "violation" otherwise).
+
+Kept loaded stages (`keep_loaded_bytes`, off unless the policy asks): a LOAD lock
+released at its stage's last EXEC may stay reserved as a kept stage, counted free
+(`MemoryLedger.kept_bytes`) and evicted, least recently kept first, by a dispatch
+that needs the memory; a later LOAD of the stage takes it (`Dispatch.reuses_kept`).
 """
 
 from __future__ import annotations
@@ -254,14 +259,14 @@ class SchedulerState:
     # the backend when the policy asks for it (`uses_cached_stages`); read-only here.
     cached_stages: Set[tuple[str, str]] | None = None
     # Kept loaded stages (issue 14): a LOAD lock released at the stage's last EXEC
-    # moves here instead, its bytes still reserved (`ledger.kept_bytes`), while the
-    # kept bytes stay within `keep_loaded_bytes` (0: nothing is kept). The next LOAD
-    # of that stage takes it and costs nothing; a dispatch that needs the memory
-    # evicts the least recently kept. (network, stage_id) -> the lock, oldest first.
+    # moves here instead, its bytes still reserved (`ledger.kept_bytes`), while every
+    # stage loaded fits in `keep_loaded_bytes` and the budget (0: nothing is kept;
+    # `_keeps`). The next LOAD of that stage takes it and costs nothing; a dispatch
+    # that needs the memory evicts the least recently kept. (network, stage_id) ->
+    # the lock, oldest first.
     keep_loaded_bytes: int = 0
     kept: dict[tuple[str, str], Lock] = field(default_factory=dict)
-    # Every stage a LOAD was added for, and the sum of their resident bytes: stages
-    # are kept only while that sum fits in keep_loaded_bytes (see `_keeps`).
+    # Every stage a LOAD was added for, and the sum of their resident bytes.
     stage_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
     seen_stage_bytes: int = 0
     loads_reused: int = 0
@@ -542,10 +547,10 @@ def _keeps(state: SchedulerState, lock: Lock) -> bool:
     the end in a network not failed, and no other copy of the stage is kept.
 
     Only while every stage the jobs have loaded fits in `keep_loaded_bytes` and in
-    the budget (so the kept stages do too): jobs
-    that cycle through more stages than that would evict each kept stage before its
-    next use (LRU's worst case), and the locked kept stages would take the room the
-    page cache keeps stage files in. Measured on the emulated Pi 4, keeping anyway:
+    the budget (so the kept stages do too): jobs that cycle through more stages
+    than that would evict each kept stage before its next use (LRU's worst case),
+    and the locked kept stages would take the room the page cache keeps stage
+    files in. Measured on the emulated Pi 4, keeping anyway:
     mixed at 512 MiB (638 MiB of stages) 10.4 s against 7.7 s without, lifelogging
     at 1 GiB (1092 MiB) 14.3 s against 11.2 s."""
     if (not state.keep_loaded_bytes or state.seen_stage_bytes
