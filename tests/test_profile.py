@@ -145,7 +145,10 @@ def test_every_stage_is_profiled_with_plausible_fields(
         assert profile.exec_runs == RUNS
         assert profile.load_time_us > 0
         assert profile.exec_time_us >= 0
-        assert 0 < profile.sampling_interval_us < 1000
+        # How often the sampler ran is the machine's business (a loaded host
+        # stretches it; tests assert no wall-clock figure); that its samples see the
+        # peaks is test_kernel_and_sampled_peaks_agree_per_stage.
+        assert profile.sampling_interval_us > 0
     # The runtime base: an interpreter with numpy and ORT is tens of MiB, and
     # the first session leaves some setup behind; none of it is a stage's.
     assert base.process_rss_bytes > 20 * MIB
