@@ -61,9 +61,13 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
                      "memory_source": getattr(args, "memory_source", "measured"),
                      "read_ahead_bytes": getattr(args, "read_ahead", None),
                      "keep_cached_bytes": getattr(args, "keep_cached", None),
-                     "keep_loaded_bytes": keep_loaded_for(
-                         policy, getattr(args, "keep_loaded", 0) or 0)},
+                     "keep_loaded_bytes": _keep_loaded_bytes(args, policy)},
     }
+
+
+def _keep_loaded_bytes(args: argparse.Namespace, policy: str) -> int:
+    """`--keep-loaded` for a policy that keeps stages, 0 for the baselines."""
+    return keep_loaded_for(policy, getattr(args, "keep_loaded", 0) or 0)
 
 
 def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy: str,
@@ -76,8 +80,7 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                                    RUNTIME_BASE_BYTES),
                                memory_source=getattr(args, "memory_source", "measured"),
                                read_ahead_bytes=getattr(args, "read_ahead", None),
-                               keep_loaded_bytes=keep_loaded_for(
-                                   policy, getattr(args, "keep_loaded", 0) or 0))
+                               keep_loaded_bytes=_keep_loaded_bytes(args, policy))
         return simulated_device_report(prepared, settings, device_model(
             prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta,
             trace_path=getattr(args, "trace", None))

@@ -149,7 +149,8 @@ class MasaPolicy:
             raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
         if keep_loaded_bytes < 0:
             raise ValueError(f"keep_loaded_bytes: expected >= 0, got {keep_loaded_bytes}")
-        # Loaded stages kept between jobs, within this many bytes (masa.sched.core).
+        # The bound on loaded stages kept between jobs: kept only while every stage
+        # loaded fits in it and in the budget (masa.sched.core, `_keeps`).
         self.keep_loaded_bytes = keep_loaded_bytes
         self.admission = admission
         self.headroom = headroom

@@ -47,8 +47,7 @@ CHANNEL_ORDERS = ("rgb", "bgr", "gray")
 LAYOUTS = ("nchw", "nhwc")
 JOURNAL_SYNC = ("full", "normal")
 _TOP_FIELDS = {"store", "memory", "memory_margin", "read_ahead", "keep_cached", "keep_loaded",
-               "workers",
-               "policy", "context", "memory_source", "intra_op_threads", "listen",
+               "workers", "policy", "context", "memory_source", "intra_op_threads", "listen",
                "token_file", "journal", "journal_sync", "retention_s", "limits",
                "shutdown_grace_s", "graphs"}
 _LIMIT_DEFAULTS: dict[str, Any] = {
