@@ -136,7 +136,7 @@ class Cell:
         return None if self.read_ahead_mib is None else self.read_ahead_mib * MIB
 
     def keep_loaded_bytes(self, policy: str) -> int:
-        return keep_loaded_for(policy, self.budget_mib * MIB if self.keep_loaded else 0)
+        return keep_loaded_for(policy, None if self.keep_loaded else 0, self.budget_mib * MIB)
 
 
 # The read-ahead window of the cells that bound it: on the copy store at 1 GiB, by

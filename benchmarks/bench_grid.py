@@ -8,14 +8,16 @@ arrivals and offered load come from benchmarks/bench_compare.py's
 the mean, p90 and p99 job response of every policy, the least mean any schedule
 could reach (a lower bound, memory ignored), Masa's progress-rule
 over-commits and every policy's peak reserved memory, and says where Masa
-(the default policy, job order and batch plan included) wins and loses against
-the best baseline and against `masa-greedy` (MasaPolicy(job_order=False): the masa
-of before issue 14); `masa-noplan` (masa without its batch plan) and `masa-q1`,
-`masa-q2`, `masa-q3` (masa whose job order engages from the first, second or
-third job with work whatever the page cache holds, `queue_jobs`; 3 is masa's
-short-queue rule before 2026-11-27 with two workers; docs/scheduling.md, "When
-the job order engages") can be added as columns (`--policies`). It writes its tables and a
-PNG into docs/bench-compare.md, between the grid markers (the rest of that page is left as it is).
+(the default policy, job order, batch plan and kept loaded stages included) wins
+and loses against the best baseline and against `masa-greedy`
+(MasaPolicy(job_order=False): the masa of before issue 14); `masa-nokeep` (masa
+with every job loading its stages, the paper's task model), `masa-noplan` (masa
+without its batch plan) and `masa-q1`, `masa-q2`, `masa-q3` (masa whose job order
+engages from the first, second or third job with work whatever the page cache
+holds, `queue_jobs`; 3 is masa's short-queue rule before 2026-11-27 with two
+workers; docs/scheduling.md, "When the job order engages") can be added as columns
+(`--policies`). It writes its tables and a PNG into docs/bench-compare.md, between
+the grid markers (the rest of that page is left as it is).
 
 Run (one process; about 1-3 s per simulated run on a shared core):
     python benchmarks/bench_grid.py --store mmap=/tmp/zoo1 --store copy=/tmp/zoo1-copy \
@@ -56,13 +58,14 @@ BASELINES = ("bulk", "deepeye")
 # Each takes whether the store's LOADs copy their weights (registry.weights_copied),
 # which turns masa's batch plan off as `masa run` does.
 POLICIES: dict[str, Callable[[bool], Policy]] = {
-    "masa": lambda copied: make_policy("masa", copied_weights=copied),
+    # `masa run`'s default: loaded stages kept between jobs while every stage the jobs
+    # load fits in the budget (the core bounds KEEP_ALL_BYTES by the budget).
+    "masa": lambda copied: make_policy("masa", copied_weights=copied,
+                                       keep_loaded_bytes=KEEP_ALL_BYTES),
+    # masa as the paper's task model has it: every job loads its stages (--keep-loaded 0).
+    "masa-nokeep": lambda copied: make_policy("masa", copied_weights=copied),
     "masa-greedy": lambda copied: MasaPolicy(job_order=False),
     "masa-noplan": lambda copied: make_policy("masa-noplan"),
-    # masa keeping loaded stages between jobs as far as the budget allows
-    # (`--keep-loaded` at least the budget; the ledger evicts them as tasks need it).
-    "masa-keep": lambda copied: make_policy("masa", copied_weights=copied,
-                                            keep_loaded_bytes=KEEP_ALL_BYTES),
     "masa-q1": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=1),
     "masa-q2": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=2),
     "masa-q3": lambda copied: BatchPlanningPolicy(plan_batches=not copied, queue_jobs=3),

@@ -194,7 +194,7 @@ def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: 
 
 
 @pytest.mark.real
-def test_keep_loaded_is_refused_for_a_baseline_and_reported_for_masa(
+def test_keep_loaded_defaults_to_the_budget_is_refused_for_a_baseline_and_reported(
         small_zoo_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
@@ -214,6 +214,15 @@ def test_keep_loaded_is_refused_for_a_baseline_and_reported_for_masa(
     assert stats["loads_reused"] > 0 and stats["keep_loaded_bytes"] == 4 * MIB
     # The summary's peak is the ledger's, kept stages included.
     assert report["summary"]["peak_reserved_bytes"] <= 8 * MIB
+    # The default: masa keeps within the budget, a baseline keeps nothing (and is not
+    # refused), --keep-loaded 0 turns keeping off.
+    plain = ["run", str(workload), "--store", str(small_zoo_store), "--memory", "8MiB",
+             "--simulate", "--report", str(report_path)]
+    for extra, expected_bytes in (([], 8 * MIB), (["--policy", "bulk"], 0),
+                                  (["--keep-loaded", "0"], 0)):
+        assert main(plain + extra) == 0
+        assert json.loads(report_path.read_text())["meta"]["keep_loaded_bytes"] \
+            == expected_bytes, extra
 
 
 def test_a_load_told_to_reuse_a_stage_the_executor_does_not_hold_loads_it() -> None:

@@ -76,10 +76,14 @@ def test_a_network_that_fails_fails_its_job_alone(store: Store, tmp_path: Path) 
     assert later["state"] == "done" and health == 200
     assert_like_whole_model(later_outputs["convnet/y"],
                             whole_model(store.model_files["convnet"], later_input))
-    # Every reserved byte released, nothing left in the scheduler.
-    assert status["active_jobs"] == 0 and status["reserved_bytes"] == 0
+    # Every reserved byte released but the stages kept loaded between jobs (the default),
+    # none of them the failed network's; nothing left in the scheduler.
+    assert status["active_jobs"] == 0
+    assert status["reserved_bytes"] == status["kept_loaded_bytes"] > 0
+    assert status["kept_stages"] == len(load_store_network(store.path, "convnet").stages)
     assert set(status["scheduler_state"].values()) == {0}, status["scheduler_state"]
-    assert _metric(metrics, "masa_ledger_reserved_bytes ") == 0
+    assert _metric(metrics, "masa_ledger_reserved_bytes ") == status["kept_loaded_bytes"]
+    assert _metric(metrics, "masa_ledger_kept_loaded_bytes ") == status["kept_loaded_bytes"]
     assert _metric(metrics, 'masa_jobs_finished_total{graph="both",state="failed"}') == 3
     assert _metric(metrics, 'masa_jobs_finished_total{graph="conv",state="done"}') == 4
     assert _metric(metrics,

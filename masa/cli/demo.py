@@ -37,6 +37,7 @@ from masa.common.units import format_bytes
 from masa.report.report import format_emulation, outcome_report, write_json
 from masa.runtime.device import Device, load_device
 from masa.runtime.emulation import EmulationPlan, check_emulation
+from masa.runtime.registry import keep_loaded_for
 from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
 from masa.sched.jobs import stage_costs
 from model_prep.manifest import NetworkManifest
@@ -186,7 +187,8 @@ def _local_reports(args: argparse.Namespace, prepared: PreparedRun,
     reports = {}
     for policy in DEMO_POLICIES:
         settings = RunSettings(policy=policy, workers=args.workers,
-                               memory_budget_bytes=budget_bytes)
+                               memory_budget_bytes=budget_bytes,
+                               keep_loaded_bytes=keep_loaded_for(policy, None, budget_bytes))
         reports[policy] = outcome_report(execute(prepared, settings, simulate=False),
                                          {"workload": "demo"})
     print(compare_reports(reports))

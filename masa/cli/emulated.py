@@ -24,7 +24,7 @@ from masa.common.units import format_bytes
 from masa.report.report import emulated_report, outcome_report, outcome_trace, write_json
 from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
-from masa.runtime.registry import keep_loaded_for
+from masa.runtime.registry import KEEPING_POLICIES, keep_loaded_for
 from masa.runtime.runner import (
     PreparedRun,
     RunOutcome,
@@ -61,13 +61,17 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
                      "memory_source": getattr(args, "memory_source", "measured"),
                      "read_ahead_bytes": getattr(args, "read_ahead", None),
                      "keep_cached_bytes": getattr(args, "keep_cached", None),
-                     "keep_loaded_bytes": _keep_loaded_bytes(args, policy)},
+                     "keep_loaded_bytes": _child_keep_loaded_bytes(args, policy)},
     }
 
 
-def _keep_loaded_bytes(args: argparse.Namespace, policy: str) -> int:
-    """`--keep-loaded` for a policy that keeps stages, 0 for the baselines."""
-    return keep_loaded_for(policy, getattr(args, "keep_loaded", 0) or 0)
+def _child_keep_loaded_bytes(args: argparse.Namespace, policy: str) -> int | None:
+    """--keep-loaded for the child; None (the default, the budget) when the budget is
+    the device's cap less the runtime's base, which only the child measures."""
+    asked = getattr(args, "keep_loaded", None)
+    if args.memory is None and policy in KEEPING_POLICIES and asked is None:
+        return None
+    return keep_loaded_for(policy, asked, args.memory)
 
 
 def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy: str,
@@ -75,12 +79,13 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
     """One policy's run on the device, as a report (status finished / killed)."""
     meta = {"workload": str(args.workload), "device": plan.device.name}
     if getattr(args, "simulate", False):
+        budget_bytes = args.memory or plan.device.default_budget_bytes(RUNTIME_BASE_BYTES)
         settings = RunSettings(policy=policy, workers=args.workers,
-                               memory_budget_bytes=args.memory or plan.device.default_budget_bytes(
-                                   RUNTIME_BASE_BYTES),
+                               memory_budget_bytes=budget_bytes,
                                memory_source=getattr(args, "memory_source", "measured"),
                                read_ahead_bytes=getattr(args, "read_ahead", None),
-                               keep_loaded_bytes=_keep_loaded_bytes(args, policy))
+                               keep_loaded_bytes=keep_loaded_for(
+                                   policy, getattr(args, "keep_loaded", None), budget_bytes))
         return simulated_device_report(prepared, settings, device_model(
             prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta,
             trace_path=getattr(args, "trace", None))

@@ -91,6 +91,8 @@ def _run(spec: dict[str, Any], progress: IO[str]) -> None:
         if settings["memory_budget_bytes"] <= 0:
             raise UserError(f"the device's memory cap ({spec['memory_cap_bytes']} bytes) "
                             f"leaves nothing beyond the runtime's base ({base_bytes} bytes)")
+    if settings.get("keep_loaded_bytes", 0) is None:  # the default: keep within the budget
+        settings["keep_loaded_bytes"] = settings["memory_budget_bytes"]
     evicted = evict_files(network_files(prepared.manifests.values())) \
         if spec.get("cold_cache") else 0
     progress.write(f"begin {time.monotonic()} {settings['memory_budget_bytes']} "

@@ -26,7 +26,7 @@ from masa.common.atomic import atomic_save_png, atomic_write_bytes
 from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.units import format_bytes
-from masa.runtime.registry import POLICY_NAMES
+from masa.runtime.registry import POLICY_NAMES, keep_loaded_for
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "unload, so that jobs cycling through more stage files than "
                              "the cache holds find the first ones cached (docs/scheduling.md, "
                              "Keeping stage files cached; default: the kernel decides)")
-    parser.add_argument("--keep-loaded", type=memory_size, default=0, metavar="SIZE",
-                        help="masa and masa-noplan: keep up to SIZE of loaded stages (their "
-                             "sessions and weights, counted in the budget) between jobs, so "
-                             "the next job's LOAD of such a stage costs nothing; the least "
-                             "recently kept are unloaded when a task needs the memory "
-                             "(docs/scheduling.md, Kept loaded stages; default 0: off, every "
-                             "job loads its stages as in the paper)")
+    parser.add_argument("--keep-loaded", type=memory_size, default=None, metavar="SIZE",
+                        help="masa and masa-noplan: keep loaded stages (their sessions and "
+                             "weights, counted in the budget) between jobs while every stage "
+                             "the jobs have loaded fits in SIZE and in the budget, so the next "
+                             "job's LOAD of such a stage costs nothing; the least recently "
+                             "kept are unloaded when a task needs the memory "
+                             "(docs/scheduling.md, Kept loaded stages; default: the budget; "
+                             "0: off, every job loads its stages as in the paper)")
     add_json_flag(parser, "the report")
 
 
@@ -139,13 +140,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
     from masa.runtime.runner import RunSettings
 
+    budget_bytes = DEFAULT_MEMORY_BYTES if args.memory is None else args.memory
     settings = RunSettings(policy=policy, workers=args.workers,
-                           memory_budget_bytes=(DEFAULT_MEMORY_BYTES if args.memory is None
-                                                else args.memory),
+                           memory_budget_bytes=budget_bytes,
                            memory_source=getattr(args, "memory_source", "measured"),
                            read_ahead_bytes=getattr(args, "read_ahead", None),
                            keep_cached_bytes=getattr(args, "keep_cached", None),
-                           keep_loaded_bytes=_keep_loaded(args, policy))
+                           keep_loaded_bytes=keep_loaded_for(
+                               policy, getattr(args, "keep_loaded", None), budget_bytes))
     settings.check()
     if settings.keep_cached_bytes is not None and getattr(args, "simulate", False):
         log.warning("--keep-cached: a simulation does not model it (the page cache's "
@@ -153,16 +155,14 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
     return settings
 
 
-def _keep_loaded(args: argparse.Namespace, policy: str) -> int:
-    """--keep-loaded for the policies that keep stages (masa, masa-noplan); 0 for the
-    others, which `masa compare` runs beside them as the paper defines them."""
-    from masa.runtime.registry import KEEPING_POLICIES, keep_loaded_for
+def _check_keep_loaded(args: argparse.Namespace) -> None:
+    """`masa run` with a baseline and --keep-loaded above 0 is a usage error (`masa
+    compare` runs the baselines beside a keeping masa as the paper defines them)."""
+    from masa.runtime.registry import KEEPING_POLICIES
 
-    keep = getattr(args, "keep_loaded", 0) or 0
-    if keep and policy not in KEEPING_POLICIES and not hasattr(args, "policies"):
-        raise UserError(f"--keep-loaded: policy {policy!r} does not keep stages; expected "
-                        f"one of {', '.join(KEEPING_POLICIES)}")
-    return keep_loaded_for(policy, keep)
+    if getattr(args, "keep_loaded", None) and args.policy not in KEEPING_POLICIES:
+        raise UserError(f"--keep-loaded: policy {args.policy!r} does not keep stages; "
+                        f"expected one of {', '.join(KEEPING_POLICIES)}")
 
 
 def _prepare(args: argparse.Namespace) -> PreparedRun:
@@ -181,6 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
     from masa.report.report import format_table, outcome_report, outcome_trace, write_json
     from masa.runtime.runner import execute
 
+    _check_keep_loaded(args)
     if getattr(args, "device", None):
         return _run_on_device(args)
     settings = _settings(args, args.policy)

@@ -40,10 +40,14 @@ POLICY_NAMES: tuple[str, ...] = tuple(POLICY_FACTORIES)
 KEEPING_POLICIES: tuple[str, ...] = ("masa", "masa-noplan")
 
 
-def keep_loaded_for(policy: str, keep_loaded_bytes: int) -> int:
-    """`keep_loaded_bytes` for a policy that keeps stages, 0 for the others (the
-    baselines run as the paper defines them)."""
-    return keep_loaded_bytes if policy in KEEPING_POLICIES else 0
+def keep_loaded_for(policy: str, keep_loaded_bytes: int | None, budget_bytes: int) -> int:
+    """The bound on kept loaded stages for `policy`: `keep_loaded_bytes` as asked, the
+    memory budget when nothing was asked (the default of `masa run` and `masa serve`:
+    keep while every stage the jobs load fits in the budget), and 0 for the policies
+    that do not keep (the baselines run as the paper defines them)."""
+    if policy not in KEEPING_POLICIES:
+        return 0
+    return budget_bytes if keep_loaded_bytes is None else keep_loaded_bytes
 
 
 def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None = None,

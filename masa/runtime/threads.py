@@ -504,7 +504,10 @@ class _Stages:
         with self.lock:
             entry = self.kept.pop(stage, None)
         if entry is not None:
-            self._unloaded(entry[1], entry[2])
+            mapped, locked = entry[1], entry[2]
+            # The session goes first: pages it still maps cannot be dropped (_unloaded).
+            del entry
+            self._unloaded(mapped, locked)
 
     def stage_file_bytes(self) -> int:
         """The loaded stages' mapped weights in memory, in bytes: a stage loaded by two

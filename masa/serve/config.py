@@ -99,7 +99,7 @@ class ServeConfig:
     memory_margin_bytes: int
     read_ahead_bytes: int | None  # masa's read-ahead window (None: as memory allows)
     keep_cached_bytes: int | None  # stage files kept cached (None: the kernel decides)
-    keep_loaded_bytes: int  # masa: loaded stages kept between jobs (0: none)
+    keep_loaded_bytes: int | None  # masa: bound on kept loaded stages (None: the budget)
     workers: int
     policy: str
     context: str
@@ -260,7 +260,9 @@ def _parse_settings(errors: ErrorCollector, raw: Mapping[str, Any], base: Path
     }
 
 
-def _keep_loaded(errors: ErrorCollector, raw: Mapping[str, Any]) -> int:
+def _keep_loaded(errors: ErrorCollector, raw: Mapping[str, Any]) -> int | None:
+    if "keep_loaded" not in raw:
+        return None  # the budget, once it is resolved (keep_loaded_for)
     keep_bytes = _size(errors, raw, "keep_loaded", 0)
     policy = raw.get("policy", "masa")
     if keep_bytes and policy in POLICY_NAMES and policy not in KEEPING_POLICIES:

@@ -59,6 +59,9 @@ class Metrics:
         self.reserved_bytes = Gauge("masa_ledger_reserved_bytes",
                                     "Memory reserved by the scheduler's ledger",
                                     registry=registry)
+        self.kept_loaded_bytes = Gauge(
+            "masa_ledger_kept_loaded_bytes", "Of the reserved memory, loaded stages kept "
+            "between jobs (keep_loaded)", registry=registry)
         self.budget_bytes = Gauge("masa_memory_budget_bytes", "The scheduler's memory budget",
                                   registry=registry)
         self.state_entries = Gauge(

@@ -54,7 +54,7 @@ from masa.common.errors import UserError, one_line
 from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_bytes
 from masa.common.units import format_bytes
 from masa.runtime.driver import Driver, Observer
-from masa.runtime.registry import close_policy, make_policy, weights_copied
+from masa.runtime.registry import close_policy, keep_loaded_for, make_policy, weights_copied
 from masa.runtime.runner import with_transform_waits
 from masa.runtime.threads import RealRunConfig, ThreadBackend
 from masa.sched.context import ContextController, parse_group
@@ -232,7 +232,9 @@ class Service:
                                make_policy(config.policy, real_time=True,
                                            read_ahead_bytes=config.read_ahead_bytes,
                                            copied_weights=weights_copied(config.manifests),
-                                           keep_loaded_bytes=config.keep_loaded_bytes))
+                                           keep_loaded_bytes=keep_loaded_for(
+                                               config.policy, config.keep_loaded_bytes,
+                                               self.budget_bytes)))
         controller = None
         if config.context != "oblivious" and config.upstreams:
             controller = _GraphContext(config.context, config.upstreams, self._decide)
@@ -863,6 +865,7 @@ class _JobObserver(Observer):
     def memory(self, now_us: int, reserved_bytes: int, measured_bytes: int | None) -> None:
         service = self.service
         service.metrics.reserved_bytes.set(reserved_bytes)
+        service.metrics.kept_loaded_bytes.set(service.state.ledger.kept_bytes)
         service.peak_reserved_bytes = max(service.peak_reserved_bytes, reserved_bytes)
 
     def group_ended(self, group: str, status: GroupStatus, now_us: int) -> None:
