@@ -1821,7 +1821,11 @@ mixed at 512 MiB-1 GiB, 0.3-0.55 of DeepEye's mean in mixed and lifelogging at
 lifelogging at 1 GiB) the stages exceed the budget and nothing is kept since
 4ec74de; kept anyway, they took the page cache's room and Masa was slower than
 without (10.4 s against 7.7 s; 14.3 s against 11.2 s), and its first version was
-OOM-killed once (listed under *Withdrawn runs*)."""
+OOM-killed once (listed under *Withdrawn runs*). Since 2026-11-28 (3af8b47) this is
+`masa`'s default (`masa run`, `compare`, `demo` and `serve`). The grid's other Masa
+runs were made without it, as `--keep-loaded 0` runs today, and this benchmark still
+runs those cells so: their figures are the paper's task model, and where the card
+binds also what the default does, since nothing is kept there."""
 
 
 ANALYSIS = """## Where we match the paper, where not, and why
