@@ -155,7 +155,10 @@ CARD_BOUND_CELLS = (
 KEEP_CELLS = (
     ("small", 512, 0.9), ("mixed", 1024, 0.7), ("mixed", 1024, 0.9), ("small", 1024, 0.9),
     ("small", 512, 0.7), ("mixed", 2048, 0.7), ("lifelogging", 2048, 0.7),
-    ("mixed", 512, 0.7), ("lifelogging", 1024, 0.7))
+    ("mixed", 512, 0.7), ("lifelogging", 1024, 0.7),
+    # Since kept stages are masa's default (2026-11-28): the other CPU-bound cells.
+    ("small", 1024, 0.7), ("small", 2048, 0.7), ("stochastic1", 2048, 0.7),
+    ("stochastic2", 2048, 0.7))
 
 
 def grid() -> list[Cell]:
