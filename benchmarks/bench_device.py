@@ -1704,7 +1704,8 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         "runs (*The host's speed and the LOADs*, below): median -2%, 42 of 51, and 48 "
         "of 51 with nine cells run again and averaged and the multiplier for two tasks "
         "held while they run side by side (*Where we match the paper*); with the nine "
-        "CPU-bound cells of Masa keeping loaded stages (27 runs), 74 of 78. A "
+        "CPU-bound cells of Masa keeping loaded stages (27 runs), 74 of 78, and 86 "
+        "of 90 with the four more of 2026-11-28 (12 runs). A "
         "cached LOAD had meanwhile become 1.5x slower "
         "(a page scan and two mlocks since 472e478 and 9d18fcb, one mlock again since "
         "3d3c58d, docs/scheduling.md); the 19 runs made before that mend are listed "
@@ -1820,7 +1821,11 @@ same). Where the CPU binds, a LOAD's CPU time (2-4 ms a stage here, a small job'
 LOADs as much as half its EXECs) is gone from every job but the first few, and the
 workers' load falls below the arrival rate: Masa is 0.02-0.17x Bulk in small and
 mixed at 512 MiB-1 GiB, 0.3-0.55 of DeepEye's mean in mixed and lifelogging at
-1-2 GiB, where DeepEye won or tied before. Where the card binds (mixed at 512 MiB,
+1-2 GiB, where DeepEye won or tied before. The four cells run on 2026-11-28
+(c80fe7b, once kept stages were the default) complete the CPU-bound cells: small at
+1 and 2 GiB 0.3 s against Bulk's 15.2 s (0.02x), stochastic I and II at 2 GiB 21.2
+and 22.0 s against Bulk's 49.9 and 52.4 s and DeepEye's 42.5 and 47.2 s (without
+kept stages 35.4 and 34.2 s, -3% and -20% against DeepEye). Where the card binds (mixed at 512 MiB,
 lifelogging at 1 GiB) the stages exceed the budget and nothing is kept since
 4ec74de; kept anyway, they took the page cache's room and Masa was slower than
 without (10.4 s against 7.7 s; 14.3 s against 11.2 s), and its first version was
@@ -2284,9 +2289,11 @@ simulating recorded cells again with every task's time scaled
   the bytes read from the card (median 0.99x). Calibrated (each network's CPU
   factor alone at the run's probed host speed, the multiplier beside another
   task, its LOADs' own factor, the dispatch time), its mean response is within
-  30% in 96 of 96 runs where the card binds (median -1%) and 74 of 78 where the
-  CPU binds (median -2%; 63 of 66 counting each group of repeated cells as one
-  experiment; 48 of 51 and 37 of 39 before the 27 runs of the cells of Masa
+  30% in 96 of 96 runs where the card binds (median -1%) and 86 of 90 where the
+  CPU binds (median -2%; 75 of 78 counting each group of repeated cells as one
+  experiment; 74 of 78 and 63 of 66 before the four kept-stages cells of
+  2026-11-28, all 12 of whose runs it met within 15%; 48 of 51 and 37 of 39 before
+  the 27 runs of the cells of Masa
   keeping loaded stages, in which it missed only DeepEye in light, -35%, with a
   LOAD that takes a kept stage charged no dispatch time, as the executor ends it
   on its loop's thread; 42 and 32 before nine cells ran again, below, 47 and 36 with the
@@ -2358,8 +2365,8 @@ simulating recorded cells again with every task's time scaled
   issue's "mean response within 30%" is finer than one real run repeats there,
   and the simulator meets it against the mean of the repeats. Of the acceptance
   targets "every kill predicted" and the ratio within 15 points hold in every
-  cell; the mean within 30% holds in every run where the card binds and in 74 of
-  78 where the CPU binds (63 of 66 counting each group of repeated cells as one
+  cell; the mean within 30% holds in every run where the card binds and in 86 of
+  90 where the CPU binds (75 of 78 counting each group of repeated cells as one
   experiment; 48 of 51 and 37 of 39 before the kept-stages cells; 47 and 36 with
   the multiplier charged at a task's start). Since
   a8688de (each run at its probed host speed, LOADs at their
