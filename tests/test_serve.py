@@ -463,22 +463,25 @@ def test_the_daemon_keeps_loaded_stages_between_jobs(store: Store, tmp_path: Pat
     assert load_config(write_config(tmp_path, store, keep_loaded="0")).keep_loaded_bytes == 0
     with pytest.raises(UserError, match="at 'keep_loaded': policy 'bulk' does not keep"):
         load_config(write_config(tmp_path, store, keep_loaded="8MiB", policy="bulk"))
-    server = Server(write_config(tmp_path / "keep", store, keep_loaded="64MiB"))
-    try:
-        x = npy_bytes(np.random.default_rng(3).standard_normal((1, 3, 16, 16), np.float32))
-        for _ in range(2):
-            assert server.wait(server.submit("both", x, "application/x-npy"))["state"] \
-                == "done"
-        status = server.json("GET", "/v1/status?wait=30")[1]
-        stages = sum(len(load_store_network(store.path, name).stages)
-                     for name in ("convnet", "resnet"))
-        # The second job loaded nothing; idle, the ledger holds the kept stages alone.
-        assert status["loads_reused"] == stages and status["kept_stages"] == stages
-        assert status["reserved_bytes"] == status["kept_loaded_bytes"] > 0
+    x = npy_bytes(np.random.default_rng(3).standard_normal((1, 3, 16, 16), np.float32))
+    stages = sum(len(load_store_network(store.path, name).stages)
+                 for name in ("convnet", "resnet"))
+    for keep_loaded, reused in (("64MiB", stages), ("0", 0)):
+        server = Server(write_config(tmp_path / keep_loaded, store, keep_loaded=keep_loaded))
+        try:
+            for _ in range(2):
+                assert server.wait(server.submit("both", x, "application/x-npy"))["state"] \
+                    == "done"
+            status = server.json("GET", "/v1/status?wait=30")[1]
+        finally:
+            server.stop()
+        # Keeping, the second job loaded nothing and, idle, the ledger holds the kept
+        # stages alone; with keep_loaded: 0 every job loads and idle holds nothing.
+        assert status["loads_reused"] == reused and status["kept_stages"] == reused
+        assert status["reserved_bytes"] == status["kept_loaded_bytes"]
+        assert (status["reserved_bytes"] > 0) == bool(reused)
         assert status["over_budget_violations"] == 0
         assert set(status["scheduler_state"].values()) == {0}, status["scheduler_state"]
-    finally:
-        server.stop()
 
 
 def test_a_bad_config_lists_every_problem_with_its_path(store: Store, tmp_path: Path) -> None:
