@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from masa.common.argtypes import memory_size
 from masa.common.atomic import atomic_write_text
-from masa.common.units import parse_memory_bytes
 from masa.runtime.registry import keep_loaded_for
 from masa.runtime.runner import RunSettings, execute, prepare_run
 from workloads.zoo import write_zoo
@@ -96,7 +96,7 @@ def _rss_bytes(pid: int) -> int:
 
 
 def _start(directory: Path, store: Path, sync: str,
-           keep_loaded: str | None = None) -> tuple[subprocess.Popen, str]:
+           keep_loaded: int | None = None) -> tuple[subprocess.Popen, str]:
     config = directory / f"device-{sync}.yaml"
     config.write_text(json.dumps({
         "store": str(store), "memory": "256MiB", "workers": 2, "listen": "127.0.0.1:0",
@@ -218,7 +218,7 @@ def overhead(url: str, jobs: int) -> dict[str, Any]:
 
 
 def masa_run_response(store: Path, directory: Path, jobs: int,
-                      keep_loaded: str | None = None) -> dict[str, float]:
+                      keep_loaded: int | None = None) -> dict[str, float]:
     workload = directory / "pair.yaml"
     workload.write_text(f"graph: {list(NETWORKS)}\ninput: random\n"
                         f"arrivals: {{kind: periodic, interval_ms: 300, count: {jobs}}}\n")
@@ -226,9 +226,7 @@ def masa_run_response(store: Path, directory: Path, jobs: int,
     outcome = execute(prepare_run(workload, store),
                       RunSettings(workers=2, memory_budget_bytes=budget_bytes,
                                   keep_loaded_bytes=keep_loaded_for(
-                                      "masa", None if keep_loaded is None
-                                      else parse_memory_bytes(keep_loaded, "--keep-loaded"),
-                                      budget_bytes)),
+                                      "masa", keep_loaded, budget_bytes)),
                       simulate=False)
     ends: dict[int, int] = {}
     for record in outcome.schedule:
@@ -251,7 +249,7 @@ def _report(results: dict[str, Any], command: str) -> str:
         + ("loaded stages kept between jobs within the budget (the default since "
            "2026-11-28; the ledger's idle reservation below is those stages)."
            if results["keep_loaded"] is None
-           else f"loaded stages kept between jobs: {results['keep_loaded']}."), "",
+           else f"loaded stages kept between jobs: at most {results['keep_loaded']} bytes."), "",
         "## Soak", "",
         f"Capacity: {results['capacity']['jobs']} jobs POSTed at once end at "
         f"{results['capacity']['jobs_per_s']:.1f} jobs/s (load average "
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequential", type=int, default=200)
     parser.add_argument("--capacity-jobs", type=int, default=100)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench-serve.md")
-    parser.add_argument("--keep-loaded", default=None, metavar="SIZE",
+    parser.add_argument("--keep-loaded", type=memory_size, default=None, metavar="SIZE",
                         help="the daemon's keep_loaded and masa run's --keep-loaded (default: "
                              "theirs, the budget; 0: every job loads its stages)")
     args = parser.parse_args(argv)

@@ -66,12 +66,10 @@ def _spec(args: argparse.Namespace, policy: str, prepared: PreparedRun,
 
 
 def _child_keep_loaded_bytes(args: argparse.Namespace, policy: str) -> int | None:
-    """--keep-loaded for the child; None (the default, the budget) when the budget is
-    the device's cap less the runtime's base, which only the child measures."""
-    asked = getattr(args, "keep_loaded", None)
-    if args.memory is None and policy in KEEPING_POLICIES and asked is None:
-        return None
-    return keep_loaded_for(policy, asked, args.memory)
+    """--keep-loaded for the child: 0 for a policy that does not keep; None (the
+    default) the child resolves to its budget, which may be the device's cap less
+    the runtime's base that only the child measures."""
+    return getattr(args, "keep_loaded", None) if policy in KEEPING_POLICIES else 0
 
 
 def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy: str,

@@ -26,7 +26,7 @@ from masa.common.atomic import atomic_save_png, atomic_write_bytes
 from masa.common.errors import UserError, writing
 from masa.common.output import add_json_flag, print_json
 from masa.common.units import format_bytes
-from masa.runtime.registry import POLICY_NAMES, keep_loaded_for
+from masa.runtime.registry import KEEPING_POLICIES, POLICY_NAMES, keep_loaded_for
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +158,6 @@ def _settings(args: argparse.Namespace, policy: str) -> RunSettings:
 def _check_keep_loaded(args: argparse.Namespace) -> None:
     """`masa run` with a baseline and --keep-loaded above 0 is a usage error (`masa
     compare` runs the baselines beside a keeping masa as the paper defines them)."""
-    from masa.runtime.registry import KEEPING_POLICIES
-
     if getattr(args, "keep_loaded", None) and args.policy not in KEEPING_POLICIES:
         raise UserError(f"--keep-loaded: policy {args.policy!r} does not keep stages; "
                         f"expected one of {', '.join(KEEPING_POLICIES)}")

@@ -501,20 +501,26 @@ def _take_kept(state: SchedulerState, task: Task) -> bool:
     reserves the LOAD's footprint as for any LOAD."""
     if task.kind is not TaskKind.LOAD:
         return False
-    lock = state.kept.pop((task.network, task.stage_id), None)
+    lock = _unkeep(state, (task.network, task.stage_id))
     if lock is None:
         return False
-    state.ledger.kept_bytes -= lock.memory_bytes
-    state.ledger.release(lock.memory_bytes)
     state.loads_reused += 1
     return True
 
 
+def _unkeep(state: SchedulerState, stage: tuple[str, str]) -> Lock | None:
+    """Take `stage` out of the kept stages, its bytes out of the ledger; its lock."""
+    lock = state.kept.pop(stage, None)
+    if lock is not None:
+        state.ledger.kept_bytes -= lock.memory_bytes
+        state.ledger.release(lock.memory_bytes)
+    return lock
+
+
 def _evict_oldest(state: SchedulerState) -> None:
     stage = next(iter(state.kept))
-    lock = state.kept.pop(stage)
-    state.ledger.kept_bytes -= lock.memory_bytes
-    state.ledger.release(lock.memory_bytes)
+    lock = _unkeep(state, stage)
+    assert lock is not None  # the oldest kept stage
     state.events.released_bytes += lock.memory_bytes
     state.events.kept_changes.append((stage, None))
     state.kept_evicted += 1
