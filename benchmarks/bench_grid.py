@@ -62,6 +62,10 @@ POLICIES: dict[str, Callable[[bool], Policy]] = {
     # load fits in the budget (the core bounds KEEP_ALL_BYTES by the budget).
     "masa": lambda copied: make_policy("masa", copied_weights=copied,
                                        keep_loaded_bytes=KEEP_ALL_BYTES),
+    # masa keeping stages only while all the jobs load fit (before 2026-11-28): none
+    # once they do not, where masa keeps its pinned stages (masa.sched.keeping).
+    "masa-nopin": lambda copied: make_policy("masa", copied_weights=copied,
+                                             keep_loaded_bytes=KEEP_ALL_BYTES, pin_stages=False),
     # masa as the paper's task model has it: every job loads its stages (--keep-loaded 0).
     "masa-nokeep": lambda copied: make_policy("masa", copied_weights=copied),
     "masa-greedy": lambda copied: MasaPolicy(job_order=False),

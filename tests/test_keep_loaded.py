@@ -1,6 +1,7 @@
 """Kept loaded stages (`keep_loaded_bytes`): a stage's session stays loaded between
 jobs within a bound of the budget, the next LOAD of it takes it at no cost, and a
-dispatch that needs the memory evicts the least recently kept (masa.sched.core)."""
+dispatch that needs the memory evicts the least recently kept (masa.sched.core);
+past the bound only pinned stages are kept (masa.sched.keeping)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from masa.sched.core import (
     select,
 )
 from masa.sched.jobs import JobSpec, build_workload_graph
+from masa.sched.keeping import StageUse, age_uses, pinned_stages
 from masa.sched.policies import BulkPolicy, MasaPolicy
 from masa.sched.taskgraph import Task
 from model_prep.feeds import random_feeds
@@ -111,27 +113,87 @@ def test_kept_stages_are_unloaded_before_the_task_that_needs_their_memory_starts
     assert driver.state.ledger.peak_reserved_bytes <= 400
 
 
-def test_stages_are_kept_only_while_every_stage_loaded_fits_in_the_bound() -> None:
+def test_past_the_bound_only_pinned_stages_are_kept_and_none_without_room_for_the_rest() -> None:
     """Jobs that cycle through more stages than the bound would evict each kept stage
-    before its next use: then nothing more is kept."""
+    before its next use: past it only pinned stages are kept, none where pinning
+    one would leave the others no room to load."""
+    # Pinning s0 (100) leaves 150 < s1's 200 under a bound of 250: nothing is kept.
     state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=250))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
-    assert not state.kept and state.ledger.reserved_bytes == 0  # 300 > 250
+    assert not state.kept and state.ledger.reserved_bytes == 0 and state.pinned == frozenset()
     state = new_state(1, 250, MasaPolicy(keep_loaded_bytes=1000))  # the budget bounds too
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
     assert not state.kept and state.ledger.reserved_bytes == 0
-    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=300))
+    state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=320))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
     assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
-    # Another network's stage takes the stages loaded to 450 > 300: it is not kept,
-    # and those kept before stay until a task needs their memory.
+    # Another network's stage takes the stages loaded to 450 > 320: only n0/s0 is
+    # pinned (100 beside the largest other, 200, and an EXEC's 10 fits in 320; s1
+    # beside n1/s0's 150 would not); n1/s0 is not kept,
+    # and the stages kept before stay until a task needs their memory.
     add_tasks(state, chain_network(1, 1, [150], exec_bytes=7, output_bytes=3))
     _run_job(state, 1)
+    assert state.pinned == {("n0", "s0")}
     assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
     assert state.ledger.reserved_bytes == state.ledger.kept_bytes == 300
+
+
+def test_pinned_stages_save_the_most_load_time_per_byte_and_leave_every_worker_room() -> None:
+    uses = {("n", "c"): StageUse(500, 50, 50, 1), ("n", "a"): StageUse(900, 100, 100, 1),
+            ("n", "b"): StageUse(100, 100, 100, 1), ("n", "d"): StageUse(50, 100, 100, 1)}
+    # 10, 9, 1 and 0.5 us per byte: c and a beside one LOAD of 100 fit in 300.
+    assert pinned_stages(uses, 300, workers=1) == {("n", "c"), ("n", "a")}
+    # Two workers loading 100 each at once: c alone.
+    assert pinned_stages(uses, 300, workers=2) == {("n", "c")}
+    assert pinned_stages(uses, 150, workers=2) == frozenset()
+    # A stage the jobs load 30 times as often saves 30 times the time.
+    uses[("n", "d")].recent_loads = 30
+    assert pinned_stages(uses, 300, workers=1) == {("n", "d"), ("n", "c")}
+    age_uses(uses)
+    assert uses[("n", "d")].recent_loads == 15 and uses[("n", "c")].recent_loads == 0.5
+
+
+def test_pinned_stages_are_not_free_memory_and_only_a_dispatch_that_fits_no_other_way_evicts(
+        ) -> None:
+    state = new_state(1, 300, MasaPolicy(keep_loaded_bytes=300))
+    # 350 bytes of stages: s0 and s1 are pinned (150, beside one LOAD of 100 = 250).
+    add_tasks(state, chain_network(0, 0, [50, 100, 100, 100], exec_bytes=7, output_bytes=3))
+    _run_job(state, 0)
+    assert state.pinned == {("n0", "s0"), ("n0", "s1")} == set(state.kept)
+    assert state.ledger.pinned_bytes == state.ledger.kept_bytes == 150
+    assert state.ledger.free_bytes() == 150  # kept stages not pinned would count as free
+    add_tasks(state, chain_network(1, 0, [50, 100, 100, 100], exec_bytes=7, output_bytes=3))
+    second = _run_job(state, 1)
+    assert {d.task_id for d in second if d.reuses_kept} == {"j1/n0/s0/load", "j1/n0/s1/load"}
+    assert not any(d.over_commit for d in second) and state.ledger.peak_reserved_bytes <= 300
+    # A stage of 200 does not fit beside them: with nothing else to run, its LOAD
+    # evicts the pinned stage that saves least per byte (s1), not the oldest.
+    add_tasks(state, chain_network(2, 1, [200], exec_bytes=7, output_bytes=3))
+    [dispatch] = select(state)
+    assert dispatch.task_id == "j2/n1/s0/load" and not dispatch.over_commit
+    assert [stage for stage, _ in state.events.kept_changes][-1] == ("n0", "s1")
+    assert list(state.kept) == [("n0", "s0")] and state.ledger.pinned_bytes == 50
+
+
+def test_a_simulation_of_jobs_cycling_through_more_stages_than_the_budget_reuses_pinned_ones(
+        ) -> None:
+    # 8 stages of 100 bytes through a budget of 500: 2 pinned, beside two LOADs of 100
+    # and an EXEC's 10 at once.
+    graph = merge([chain_network(job, 0, [100] * 8, release_us=job * 5000, load_us=300,
+                                 exec_us=50) for job in range(6)])
+    results = {pin: simulate_graph(graph, policy=make_policy(
+        "masa", keep_loaded_bytes=500, pin_stages=pin), workers=2, memory_budget_bytes=500)
+        for pin in (True, False)}
+    pinned, unpinned = results[True], results[False]
+    assert pinned.kept_stats["pinned_stages"] == 2 and unpinned.kept_stats["loads_reused"] == 0
+    assert pinned.kept_stats["loads_reused"] == 2 * 5  # jobs 1-5 each reuse the 2
+    assert pinned.makespan_us < unpinned.makespan_us
+    assert pinned.peak_reserved_bytes <= 500 and not pinned.over_commits
+    assert pinned.final_reserved_bytes == 0
+    assert check_schedule(graph, list(pinned.schedule), workers=2, memory_budget_bytes=500) == []
 
 
 def test_a_failed_network_keeps_nothing() -> None:
@@ -162,7 +224,8 @@ def test_a_simulation_reuses_kept_stages_at_no_cost_and_ends_with_nothing_reserv
     later = [e for task_id, e in loads.items() if not task_id.startswith("j0/")]
     assert later and all(e.end_us == e.start_us for e in later)
     assert all(e.end_us - e.start_us == 300 for t, e in loads.items() if t.startswith("j0/"))
-    assert kept.kept_stats == {"keep_loaded_bytes": 600, "loads_reused": 9, "kept_evicted": 3}
+    assert kept.kept_stats == {"keep_loaded_bytes": 600, "loads_reused": 9, "kept_evicted": 3,
+                               "pinned_stages": 0}
     assert kept.final_reserved_bytes == 0 and plain.final_reserved_bytes == 0
     assert kept.peak_reserved_bytes <= 600 and not kept.over_commits
     assert kept.makespan_us < plain.makespan_us

@@ -52,13 +52,14 @@ def keep_loaded_for(policy: str, keep_loaded_bytes: int | None, budget_bytes: in
 
 def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None = None,
                 copied_weights: bool = False, cache_first: bool = True,
-                keep_loaded_bytes: int = 0) -> Policy:
+                keep_loaded_bytes: int = 0, pin_stages: bool = True) -> Policy:
     """A fresh policy by name; an unknown name is a UserError. `read_ahead_bytes`
     bounds masa's read-ahead window (MasaPolicy); `copied_weights` (the store's LOADs
     copy their weights, `weights_copied`) turns off masa's batch plan; `cache_first`
     False turns off masa's cached-stages-first rule; `keep_loaded_bytes` keeps loaded
-    stages between jobs within that many bytes (masa.sched.core). `masa-paper`,
-    `masa-plan` and the baselines ignore all four."""
+    stages between jobs within that many bytes (masa.sched.core), `pin_stages` False
+    keeps none once not all fit (masa.sched.keeping). `masa-paper`, `masa-plan` and
+    the baselines ignore all five."""
     factory = POLICY_FACTORIES.get(name)
     if factory is None:
         raise UserError(f"policy: expected one of {', '.join(POLICY_NAMES)}, got {name!r}")
@@ -68,10 +69,10 @@ def make_policy(name: str, real_time: bool = False, read_ahead_bytes: int | None
         return BatchPlanningPolicy(planner=ThreadPlanner() if real_time else None,
                                    plan_batches=not copied_weights,
                                    read_ahead_bytes=read_ahead_bytes, cache_first=cache_first,
-                                   keep_loaded_bytes=keep_loaded_bytes)
+                                   keep_loaded_bytes=keep_loaded_bytes, pin_stages=pin_stages)
     if factory is MasaPolicy:
         return MasaPolicy(read_ahead_bytes=read_ahead_bytes, cache_first=cache_first,
-                          keep_loaded_bytes=keep_loaded_bytes)
+                          keep_loaded_bytes=keep_loaded_bytes, pin_stages=pin_stages)
     return factory()
 
 

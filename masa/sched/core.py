@@ -28,6 +28,8 @@ Kept loaded stages (`keep_loaded_bytes`, off unless the policy asks): a LOAD loc
 released at its stage's last EXEC may stay reserved as a kept stage, counted free
 (`MemoryLedger.kept_bytes`) and evicted, least recently kept first, by a dispatch
 that needs the memory; a later LOAD of the stage takes it (`Dispatch.reuses_kept`).
+When the stages the jobs load do not all fit, only the pinned ones are kept
+(masa.sched.keeping), and they are not free memory to the policy (`_keeps`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Protocol
 
 from masa.common.errors import UserError
 from masa.common.graphs import find_cycle, topological_order
+from masa.sched.keeping import Stage, StageUse, age_uses, pinned_stages
 from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
 
 
@@ -78,7 +81,7 @@ class GroupStatus(Enum):
 
 
 # (network, stage_id) and the LOAD lock now kept for it, or None: evicted.
-KeptChange = tuple[tuple[str, str], Lock | None]
+KeptChange = tuple[Stage, Lock | None]
 
 
 class SchedulerError(RuntimeError):
@@ -91,15 +94,18 @@ class MemoryLedger:
 
     `kept_bytes` is the part of `reserved_bytes` that kept loaded stages hold: still
     in memory, and reclaimable at any dispatch (the core unloads them, oldest
-    first), so free memory counts it as free."""
+    first), so free memory counts it as free, except `pinned_bytes`."""
 
     budget_bytes: int
     reserved_bytes: int = 0
     peak_reserved_bytes: int = 0
     kept_bytes: int = 0
+    # The part of kept_bytes that pinned kept stages hold (SchedulerState.kept_pinned):
+    # not free to the policy, reclaimed only by a dispatch that fits no other way.
+    pinned_bytes: int = 0
 
     def free_bytes(self) -> int:
-        return self.budget_bytes - self.reserved_bytes + self.kept_bytes
+        return self.budget_bytes - self.reserved_bytes + self.kept_bytes - self.pinned_bytes
 
     def fits(self, memory_bytes: int) -> bool:
         return self.reserved_bytes - self.kept_bytes + memory_bytes <= self.budget_bytes
@@ -259,16 +265,27 @@ class SchedulerState:
     # the backend when the policy asks for it (`uses_cached_stages`); read-only here.
     cached_stages: Set[tuple[str, str]] | None = None
     # Kept loaded stages (issue 14): a LOAD lock released at the stage's last EXEC
-    # moves here instead, its bytes still reserved (`ledger.kept_bytes`), while every
-    # stage loaded fits in `keep_loaded_bytes` and the budget (0: nothing is kept;
-    # `_keeps`). The next LOAD of that stage takes it and costs nothing; a dispatch
-    # that needs the memory evicts the least recently kept. (network, stage_id) ->
-    # the lock, oldest first.
+    # moves here instead, its bytes still reserved (`ledger.kept_bytes`), within
+    # `keep_loaded_bytes` and the budget (0: nothing is kept; `_keeps`). The next LOAD
+    # of that stage takes it and costs nothing; a dispatch that needs the memory
+    # evicts the least recently kept (`_evict_one`). (network, stage_id) -> the lock,
+    # oldest first.
     keep_loaded_bytes: int = 0
-    kept: dict[tuple[str, str], Lock] = field(default_factory=dict)
-    # Every stage a LOAD was added for, and the sum of their resident bytes.
-    seen_stages: set[tuple[str, str]] = field(default_factory=set)
+    kept: dict[Stage, Lock] = field(default_factory=dict)
+    # Every stage a LOAD was added for (its LOAD's time, bytes and how often the jobs
+    # load it), and the sum of their resident bytes.
+    seen_stages: dict[Stage, StageUse] = field(default_factory=dict)
     seen_stage_bytes: int = 0
+    largest_exec_bytes: int = 0  # the largest footprint of an EXEC added
+    # Once the stages seen exceed the keep bound, only the stages in `pinned` are kept
+    # (masa.sched.keeping), and the kept ones among them (`kept_pinned`) are not free
+    # memory to the policy (`MemoryLedger.pinned_bytes`): only a dispatch that fits no
+    # other way evicts them. None: to be chosen again (`_pinned`).
+    pinned: frozenset[Stage] | None = None
+    pin_stages: bool = True  # False: keep nothing once not all fit (the policy says)
+    kept_pinned: set[Stage] = field(default_factory=set)
+    loads_since_pinned: int = 0  # LOADs added since `pinned` was chosen
+    loads_since_aged: int = 0  # since the stages' recent LOAD counts were last halved
     loads_reused: int = 0
     kept_evicted: int = 0
 
@@ -290,6 +307,7 @@ def new_state(workers: int, memory_budget_bytes: int, policy: Policy) -> Schedul
         policy=policy,
         free_workers=list(range(workers)),
         keep_loaded_bytes=keep_loaded_bytes,
+        pin_stages=getattr(policy, "pin_stages", True),
     )
 
 
@@ -372,8 +390,12 @@ def _add_task_infos(state: SchedulerState, graph: TaskGraph) -> list[TaskInfo]:
         footprint[lock.from_task] += lock.memory_bytes
     added: list[TaskInfo] = []
     for task in graph.tasks:
-        if state.keep_loaded_bytes and task.kind is TaskKind.LOAD:
-            _see_stage(state, task, footprint[task.task_id] - task.memory_bytes)
+        if state.keep_loaded_bytes:
+            if task.kind is TaskKind.LOAD:
+                _see_stage(state, task, footprint[task.task_id] - task.memory_bytes,
+                           footprint[task.task_id])
+            elif footprint[task.task_id] > state.largest_exec_bytes:
+                state.largest_exec_bytes = footprint[task.task_id]
         info = TaskInfo(task=task, footprint_bytes=footprint[task.task_id])
         state.tasks[task.task_id] = info
         added.append(info)
@@ -478,7 +500,7 @@ def _start(state: SchedulerState, task_id: str) -> Dispatch:
     # counts a kept stage and the task that evicts it at once.
     while ledger.kept_bytes and (ledger.reserved_bytes + info.footprint_bytes
                                  > ledger.budget_bytes):
-        _evict_oldest(state)
+        _evict_one(state)
     ledger.reserve(info.footprint_bytes, allow_over_budget=True)
     if over_commit:
         state.over_commits.append(
@@ -508,68 +530,118 @@ def _take_kept(state: SchedulerState, task: Task) -> bool:
     return True
 
 
-def _unkeep(state: SchedulerState, stage: tuple[str, str]) -> Lock | None:
+def _unkeep(state: SchedulerState, stage: Stage) -> Lock | None:
     """Take `stage` out of the kept stages, its bytes out of the ledger; its lock."""
     lock = state.kept.pop(stage, None)
     if lock is not None:
         state.ledger.kept_bytes -= lock.memory_bytes
+        if stage in state.kept_pinned:
+            state.kept_pinned.discard(stage)
+            state.ledger.pinned_bytes -= lock.memory_bytes
         state.ledger.release(lock.memory_bytes)
     return lock
 
 
-def _evict_oldest(state: SchedulerState) -> None:
-    stage = next(iter(state.kept))
+def _evict_one(state: SchedulerState) -> None:
+    """Unload a kept stage: the oldest not pinned, else the pinned one whose LOAD
+    saves the least time per byte."""
+    stage = next((stage for stage in state.kept if stage not in state.kept_pinned), None)
+    if stage is None:
+        uses = state.seen_stages
+        stage = min(state.kept, key=lambda kept: (
+            uses[kept].load_us * uses[kept].recent_loads / max(1, uses[kept].resident_bytes),
+            kept))
     lock = _unkeep(state, stage)
-    assert lock is not None  # the oldest kept stage
+    assert lock is not None
     state.events.released_bytes += lock.memory_bytes
     state.events.kept_changes.append((stage, None))
     state.kept_evicted += 1
 
 
 def kept_stats(state: SchedulerState) -> dict[str, int]:
-    """For the report: LOADs that reused a kept stage, kept stages evicted ({} when
-    nothing is kept)."""
+    """For the report: LOADs that reused a kept stage, kept stages evicted, and the
+    stages pinned when not all fit (0 when all did; {} when nothing is kept)."""
     if not state.keep_loaded_bytes:
         return {}
     return {"keep_loaded_bytes": state.keep_loaded_bytes, "loads_reused": state.loads_reused,
-            "kept_evicted": state.kept_evicted}
+            "kept_evicted": state.kept_evicted, "pinned_stages": len(state.pinned or ())}
 
 
 def evict_kept(state: SchedulerState) -> None:
     """Unload every kept stage (a run's end): `take_events` lists them."""
     while state.kept:
-        _evict_oldest(state)
+        _evict_one(state)
 
 
-def _see_stage(state: SchedulerState, task: Task, resident_bytes: int) -> None:
+def _see_stage(state: SchedulerState, task: Task, resident_bytes: int,
+               footprint_bytes: int) -> None:
+    """Count a LOAD added for its stage (what `pinned_stages` weighs)."""
     stage = (task.network, task.stage_id)
-    if stage not in state.seen_stages:
-        state.seen_stages.add(stage)
+    use = state.seen_stages.get(stage)
+    if use is None:
+        use = state.seen_stages[stage] = StageUse(task.duration_us, resident_bytes,
+                                                  footprint_bytes)
         state.seen_stage_bytes += resident_bytes
+        state.pinned = None
+    use.recent_loads += 1
+    state.loads_since_pinned += 1
+    state.loads_since_aged += 1
+    stages = len(state.seen_stages)
+    if state.loads_since_pinned >= stages:  # about once per job that loads them all
+        state.pinned = None
+    if state.loads_since_aged >= AGE_AFTER_JOBS * stages:
+        age_uses(state.seen_stages)
+        state.loads_since_aged = 0
+
+
+# The stages' recent LOAD counts halve after about this many jobs' LOADs (each
+# loading every stage once): the pinned stages follow a workload that changes.
+AGE_AFTER_JOBS = 32
+
+
+def _pinned(state: SchedulerState) -> frozenset[Stage]:
+    """The stages kept once not all fit, chosen again when `_see_stage` says so; a
+    kept stage no longer among them becomes evictable as any kept stage."""
+    if state.pinned is None:
+        state.pinned = pinned_stages(
+            state.seen_stages, min(state.keep_loaded_bytes, state.ledger.budget_bytes),
+            state.workers, state.largest_exec_bytes)
+        state.loads_since_pinned = 0
+        for stage in state.kept_pinned - state.pinned:
+            state.kept_pinned.discard(stage)
+            state.ledger.pinned_bytes -= state.kept[stage].memory_bytes
+    return state.pinned
 
 
 def _keeps(state: SchedulerState, lock: Lock) -> bool:
     """Whether a LOAD lock being released moves into the kept stages: its LOAD ran to
     the end in a network not failed, and no other copy of the stage is kept.
 
-    Only while every stage the jobs have loaded fits in `keep_loaded_bytes` and in
-    the budget (so the kept stages do too): jobs that cycle through more stages
-    than that would evict each kept stage before its next use (LRU's worst case),
-    and the locked kept stages would take the room the page cache keeps stage
-    files in. Measured on the emulated Pi 4, keeping anyway:
-    mixed at 512 MiB (638 MiB of stages) 10.4 s against 7.7 s without, lifelogging
-    at 1 GiB (1092 MiB) 14.3 s against 11.2 s."""
-    if state.seen_stage_bytes > min(state.keep_loaded_bytes, state.ledger.budget_bytes):
-        return False
+    While every stage the jobs have loaded fits in `keep_loaded_bytes` and in the
+    budget, every such stage is kept, and evicted oldest first when a dispatch needs
+    the memory. Past that, keeping them all would evict each kept stage before its
+    next use (LRU on a cycle larger than the cache), and the kept stages would take
+    the room the page cache keeps stage files in: measured on the emulated Pi 4,
+    mixed at 512 MiB (638 MiB of stages) took 10.4 s against 7.7 s without keeping,
+    lifelogging at 1 GiB (1092 MiB) 14.3 s against 11.2 s. Then only the pinned
+    stages are kept (masa.sched.keeping: the most LOAD time saved per byte, with room
+    left for every worker to load one of the others), and the policy does not count
+    them as free."""
     opener = state.tasks[lock.from_task]
     task = opener.task
+    stage = (task.network, task.stage_id)
     if (task.kind is not TaskKind.LOAD or opener.state is not TaskState.DONE
-            or state.groups[task.group].status is GroupStatus.FAILED
-            or (task.network, task.stage_id) in state.kept):
+            or state.groups[task.group].status is GroupStatus.FAILED or stage in state.kept):
         return False
-    state.kept[(task.network, task.stage_id)] = lock
+    pin = state.seen_stage_bytes > min(state.keep_loaded_bytes, state.ledger.budget_bytes)
+    if pin and not (state.pin_stages and stage in _pinned(state)):
+        return False
+    state.kept[stage] = lock
     state.ledger.kept_bytes += lock.memory_bytes
-    state.events.kept_changes.append(((task.network, task.stage_id), lock))
+    if pin:
+        state.kept_pinned.add(stage)
+        state.ledger.pinned_bytes += lock.memory_bytes
+    state.events.kept_changes.append((stage, lock))
     return True
 
 

@@ -144,7 +144,8 @@ class MasaPolicy:
     def __init__(self, admission: bool = True, headroom: bool = True,
                  job_order: bool | None = None, ageing: float = JOB_AGEING,
                  queue_jobs: int | None = None, read_ahead_bytes: int | None = None,
-                 cache_first: bool | None = None, keep_loaded_bytes: int = 0) -> None:
+                 cache_first: bool | None = None, keep_loaded_bytes: int = 0,
+                 pin_stages: bool = True) -> None:
         if read_ahead_bytes is not None and read_ahead_bytes < 0:
             raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
         if keep_loaded_bytes < 0:
@@ -152,6 +153,8 @@ class MasaPolicy:
         # The bound on loaded stages kept between jobs: kept only while every stage
         # loaded fits in it and in the budget (masa.sched.core, `_keeps`).
         self.keep_loaded_bytes = keep_loaded_bytes
+        # Once not all stages fit in that bound: keep the pinned ones (True) or none.
+        self.pin_stages = pin_stages
         self.admission = admission
         self.headroom = headroom
         # None: our job order comes with our other rules (masa), not with the paper's.
