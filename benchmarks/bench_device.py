@@ -1838,30 +1838,35 @@ def _relative(path: Path) -> str:
 KEEP_TEXT = """The cells marked *Masa keeps loaded stages* run `masa` with `--keep-loaded` equal to
 the budget (docs/scheduling.md, "Kept loaded stages"): a stage stays loaded after
 its job, within the budget, and the next job's LOAD of it costs nothing; a task that
-needs the memory evicts the least recently kept; stages are kept only while every
-stage the jobs have loaded fits in the bound. The baselines load every job's stages
+needs the memory evicts the least recently kept. While every stage the jobs have
+loaded fits in the bound all are kept; past it, since 2026-11-28 (60313df), only the
+pinned ones: the stages that save the most LOAD time per byte, leaving every worker
+room to load one of the others (before, none). The baselines load every job's stages
 as the paper defines them, and ran beside Masa in the same cells (2026-11-27,
-b07cdd3; Masa again on b0924b1 and 4ec74de, averaged where the rule it ran was the
-same). Where the CPU binds, a LOAD's CPU time (2-4 ms a stage here, a small job's 21
-LOADs as much as half its EXECs) is gone from every job but the first few, and the
-workers' load falls below the arrival rate: Masa is 0.02-0.17x Bulk in small and
-mixed at 512 MiB-1 GiB, 0.3-0.55 of DeepEye's mean in mixed and lifelogging at
+b07cdd3; Masa again on b0924b1, 4ec74de and 60313df, averaged where the rule it ran
+was the same). Where the CPU binds, a LOAD's CPU time (2-4 ms a stage here, a small
+job's 21 LOADs as much as half its EXECs) is gone from every job but the first few,
+and the workers' load falls below the arrival rate: Masa is 0.02-0.17x Bulk in small
+and mixed at 512 MiB-1 GiB, 0.3-0.55 of DeepEye's mean in mixed and lifelogging at
 1-2 GiB, where DeepEye won or tied before. The four cells run on 2026-11-28
 (c80fe7b, once kept stages were the default) complete the CPU-bound cells: small at
 1 and 2 GiB 0.3 s against Bulk's 15.2 s (0.02x), stochastic I and II at 2 GiB 21.2
 and 22.0 s against Bulk's 49.9 and 52.4 s and DeepEye's 42.5 and 47.2 s (without
-kept stages 35.4 and 34.2 s, -3% and -20% against DeepEye). Where the card binds (mixed at 512 MiB,
-lifelogging at 1 GiB) the stages exceed the budget and nothing is kept since
-4ec74de; kept anyway, they took the page cache's room and Masa was slower than
-without (10.4 s against 7.7 s; 14.3 s against 11.2 s), and its first version was
-OOM-killed once (listed under *Withdrawn runs*). Since 2026-11-28 (3af8b47) this is
-`masa`'s default (`masa run`, `compare`, `demo` and `serve`). The grid's other Masa
-runs were made without it, as `--keep-loaded 0` runs today, and this benchmark still
-runs those cells so: their figures are the paper's task model, and where the card
-binds also what the default does, since nothing is kept there. Stochastic I at 512 MiB,
-which Masa had lost by 1.2% and 1.5%, was run again with the default beside both
-baselines (876f313): 2.11 s against 2.13 and 2.17 s at 0.7, 2.25 s against 2.27 and
-2.34 s at 0.9, a tie within one run's spread."""
+kept stages 35.4 and 34.2 s, -3% and -20% against DeepEye). Where the card binds
+(mixed at 512 MiB, lifelogging at 1 GiB, stochastic I at 512 MiB) the stages exceed
+the budget. Keeping them all there took the page cache's room and Masa was slower
+than without (10.4 s against 7.7 s; 14.3 s against 11.2 s), and its first version
+was OOM-killed once; keeping none (4ec74de to 60313df) gave 7.6 s, 12.1 s and, in
+stochastic I at 512 MiB, 2.11 s against 2.13 and 2.17 s at 0.7 and 2.25 s against
+2.27 and 2.34 s at 0.9 (876f313), a tie within one run's spread (those runs are
+listed under *Withdrawn runs*). With the pinned stages (60313df) lifelogging at
+1 GiB took 10.4 s against 16.1 and 16.9 s (0.65x Bulk; simulated 10.3 s),
+stochastic I at 512 MiB 2.08 s and 2.27 s, still a tie; in mixed at 512 MiB nothing is pinned (two workers loading EmotionNet's
+unsliced fc6 would need more than the budget), so that run stands. Since
+2026-11-28 (3af8b47) keeping is `masa`'s default (`masa run`, `compare`, `demo`
+and `serve`). The grid's other Masa runs were made without it, as `--keep-loaded 0`
+runs today, and this benchmark still runs those cells so: their figures are the
+paper's task model."""
 
 
 ANALYSIS = """## Where we match the paper, where not, and why

@@ -10,7 +10,8 @@ could reach (a lower bound, memory ignored), Masa's progress-rule
 over-commits and every policy's peak reserved memory, and says where Masa
 (the default policy, job order, batch plan and kept loaded stages included) wins
 and loses against the best baseline and against `masa-greedy`
-(MasaPolicy(job_order=False): the masa of before issue 14); `masa-nokeep` (masa
+(MasaPolicy(job_order=False): the masa of before issue 14); `masa-nopin` (masa
+keeping stages only while all the jobs load fit), `masa-nokeep` (masa
 with every job loading its stages, the paper's task model), `masa-noplan` (masa
 without its batch plan) and `masa-q1`, `masa-q2`, `masa-q3` (masa whose job order
 engages from the first, second or third job with work whatever the page cache
@@ -282,7 +283,9 @@ def scaling_lines(cells: Sequence[dict[str, Any]]) -> list[str]:
     """2 -> 4 workers on the same arrivals: mean response change per policy."""
     rows = []
     keys = sorted({(c["store"], c["scenario"], c["budget"], c["rho"]) for c in cells})
-    policies = list(cells[0]["policies"]) if cells else []
+    # The policies run with both worker counts (a 2-worker grid may have more).
+    policies = [p for p in next((c["policies"] for c in cells if c["workers"] == 4), {})
+                if all(p in c["policies"] for c in cells)]
     for key in keys:
         by_workers = {c["workers"]: c for c in cells
                       if (c["store"], c["scenario"], c["budget"], c["rho"]) == key}
@@ -309,8 +312,10 @@ def section(saved: dict[str, Any], png_name: str, analysis: str = "") -> str:
              "the store's profiled costs. `masa` is the default policy after issue 14 (the job "
              "order engages once more jobs than workers have work; a job of several "
              "networks that finds the executor empty runs in a planned order; loaded "
-             "stages are kept between jobs while every stage the jobs load fits in the "
-             "budget, docs/scheduling.md \"Kept loaded stages\"); `masa-nokeep` is masa "
+             "stages are kept between jobs, all of them while they fit in the budget, "
+             "else the pinned ones, docs/scheduling.md \"Kept loaded stages\"); "
+             "`masa-nopin` keeps nothing once they do not fit (masa before 2026-11-28); "
+             "`masa-nokeep` is masa "
              "with every job loading its stages, as in the paper's task model; "
              "`masa-noplan` is masa without the batch plan; `masa-greedy` is masa "
              "before all three (`MasaPolicy(job_order=False)`). Columns: mean response per "
