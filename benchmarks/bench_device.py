@@ -1861,8 +1861,9 @@ stochastic I at 512 MiB, 2.11 s against 2.13 and 2.17 s at 0.7 and 2.25 s agains
 2.27 and 2.34 s at 0.9 (876f313), a tie within one run's spread (those runs are
 listed under *Withdrawn runs*). With the pinned stages (60313df) lifelogging at
 1 GiB took 10.4 s against 16.1 and 16.9 s (0.65x Bulk; simulated 10.3 s),
-stochastic I at 512 MiB 2.08 s and 2.27 s, still a tie; in mixed at 512 MiB nothing is pinned (two workers loading EmotionNet's
-unsliced fc6 would need more than the budget), so that run stands. Since
+stochastic I at 512 MiB 2.08 s and 2.27 s, still a tie; in mixed at 512 MiB
+nothing is pinned (two workers loading EmotionNet's unsliced fc6 would need more
+than the budget), so that run stands. Since
 2026-11-28 (3af8b47) keeping is `masa`'s default (`masa run`, `compare`, `demo`
 and `serve`). The grid's other Masa runs were made without it, as `--keep-loaded 0`
 runs today, and this benchmark still runs those cells so: their figures are the
