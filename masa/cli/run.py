@@ -80,10 +80,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "Keeping stage files cached; default: the kernel decides)")
     parser.add_argument("--keep-loaded", type=memory_size, default=None, metavar="SIZE",
                         help="masa and masa-noplan: keep loaded stages (their sessions and "
-                             "weights, counted in the budget) between jobs while every stage "
-                             "the jobs have loaded fits in SIZE and in the budget, so the next "
-                             "job's LOAD of such a stage costs nothing; the least recently "
-                             "kept are unloaded when a task needs the memory "
+                             "weights, counted in the budget) between jobs within SIZE and the "
+                             "budget, so the next job's LOAD of such a stage costs nothing: all "
+                             "of them while they fit, else those that save the most LOAD time "
+                             "per byte; the least recently kept are unloaded when a task needs "
+                             "the memory "
                              "(docs/scheduling.md, Kept loaded stages; default: the budget; "
                              "0: off, every job loads its stages as in the paper)")
     add_json_flag(parser, "the report")

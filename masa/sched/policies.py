@@ -150,8 +150,9 @@ class MasaPolicy:
             raise ValueError(f"read_ahead_bytes: expected >= 0 or None, got {read_ahead_bytes}")
         if keep_loaded_bytes < 0:
             raise ValueError(f"keep_loaded_bytes: expected >= 0, got {keep_loaded_bytes}")
-        # The bound on loaded stages kept between jobs: kept only while every stage
-        # loaded fits in it and in the budget (masa.sched.core, `_keeps`).
+        # The bound on loaded stages kept between jobs: all kept while every stage
+        # loaded fits in it and in the budget, else the pinned ones (masa.sched.core,
+        # `_keeps`).
         self.keep_loaded_bytes = keep_loaded_bytes
         # Once not all stages fit in that bound: keep the pinned ones (True) or none.
         self.pin_stages = pin_stages
