@@ -117,41 +117,46 @@ def test_past_the_bound_only_pinned_stages_are_kept_and_none_without_room_for_th
     """Jobs that cycle through more stages than the bound would evict each kept stage
     before its next use: past it only pinned stages are kept, none where pinning
     one would leave the others no room to load."""
-    # Pinning s0 (100) leaves 150 < s1's 200 under a bound of 250: nothing is kept.
+    # 300 bytes of stages, a bound of 250: s0 (100) is pinned, s1 (200) is not.
     state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=250))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
-    assert not state.kept and state.ledger.reserved_bytes == 0 and state.pinned == frozenset()
-    state = new_state(1, 250, MasaPolicy(keep_loaded_bytes=1000))  # the budget bounds too
+    assert list(state.kept) == [("n0", "s0")] and state.pinned == {("n0", "s0")}
+    assert state.ledger.reserved_bytes == state.ledger.pinned_bytes == 100
+    # A budget of 250: s0 kept beside a LOAD of s1 (200) and an EXEC (10) would not fit.
+    state = new_state(1, 250, MasaPolicy(keep_loaded_bytes=1000))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
-    assert not state.kept and state.ledger.reserved_bytes == 0
+    assert not state.kept and state.ledger.reserved_bytes == 0 and state.pinned == frozenset()
     state = new_state(1, 1000, MasaPolicy(keep_loaded_bytes=320))
     add_tasks(state, chain_network(0, 0, [100, 200], exec_bytes=7, output_bytes=3))
     _run_job(state, 0)
     assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
-    # Another network's stage takes the stages loaded to 450 > 320: only n0/s0 is
-    # pinned (100 beside the largest other, 200, and an EXEC's 10 fits in 320; s1
-    # beside n1/s0's 150 would not); n1/s0 is not kept,
-    # and the stages kept before stay until a task needs their memory.
+    # Another network's stage takes the stages loaded to 450 > 320: n0/s0 and n1/s0
+    # are pinned (250 of the bound; with n0/s1, 450 would not fit). Keeping n1/s0
+    # within the bound evicts n0/s1, kept before and not pinned; n0/s0 stays, pinned.
     add_tasks(state, chain_network(1, 1, [150], exec_bytes=7, output_bytes=3))
     _run_job(state, 1)
-    assert state.pinned == {("n0", "s0")}
-    assert list(state.kept) == [("n0", "s0"), ("n0", "s1")]
-    assert state.ledger.reserved_bytes == state.ledger.kept_bytes == 300
+    assert state.pinned == {("n0", "s0"), ("n1", "s0")}
+    assert list(state.kept) == [("n0", "s0"), ("n1", "s0")] and state.kept_evicted == 1
+    assert state.ledger.reserved_bytes == state.ledger.kept_bytes == 250
+    assert state.ledger.pinned_bytes == 250
 
 
 def test_pinned_stages_save_the_most_load_time_per_byte_and_leave_every_worker_room() -> None:
     uses = {("n", "c"): StageUse(500, 50, 50, 1), ("n", "a"): StageUse(900, 100, 100, 1),
             ("n", "b"): StageUse(100, 100, 100, 1), ("n", "d"): StageUse(50, 100, 100, 1)}
     # 10, 9, 1 and 0.5 us per byte: c and a beside one LOAD of 100 fit in 300.
-    assert pinned_stages(uses, 300, workers=1) == {("n", "c"), ("n", "a")}
-    # Two workers loading 100 each at once: c alone.
-    assert pinned_stages(uses, 300, workers=2) == {("n", "c")}
-    assert pinned_stages(uses, 150, workers=2) == frozenset()
+    assert pinned_stages(uses, 300, 300, workers=1) == {("n", "c"), ("n", "a")}
+    # Two workers loading 100 each at once: c alone; and room for an EXEC of 60 too.
+    assert pinned_stages(uses, 300, 300, workers=2) == {("n", "c")}
+    assert pinned_stages(uses, 300, 300, workers=1, exec_bytes=60) == {("n", "c")}
+    assert pinned_stages(uses, 150, 150, workers=2) == frozenset()
+    # The keep bound caps the pinned bytes, the budget the room left beside them.
+    assert pinned_stages(uses, 100, 1000, workers=2) == {("n", "c")}
     # A stage the jobs load 30 times as often saves 30 times the time.
     uses[("n", "d")].recent_loads = 30
-    assert pinned_stages(uses, 300, workers=1) == {("n", "d"), ("n", "c")}
+    assert pinned_stages(uses, 300, 300, workers=1) == {("n", "d"), ("n", "c")}
     age_uses(uses)
     assert uses[("n", "d")].recent_loads == 15 and uses[("n", "c")].recent_loads == 0.5
 
@@ -254,6 +259,32 @@ def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: 
     reused = [e for e in result.schedule if e.task_id.endswith("/load")
               and not e.task_id.startswith("j0/")]
     assert reused and all(e.worker >= 0 and e.status == "done" for e in reused)
+
+
+@pytest.mark.real
+def test_a_real_run_past_the_bound_reuses_its_pinned_sessions_with_the_same_outputs(
+        small_zoo_store: Path) -> None:
+    networks = ("agenet", "googlenet")
+    manifests = {name: load_store_network(small_zoo_store, name) for name in networks}
+    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
+             for name, m in manifests.items()}
+    jobs = [JobSpec(job, job * 300_000, networks) for job in range(3)]
+    graph = build_workload_graph(jobs, manifests, list(networks))
+    stage_bytes = sum(lock.memory_bytes for lock in graph.locks
+                      if lock.from_task.startswith("j0/") and lock.from_task.endswith("/load"))
+    budget = 64 * MIB
+    # Half the stages' bytes: the first job's stages do not all fit, some are pinned.
+    result = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                          RealRunConfig(workers=2, memory_budget_bytes=budget,
+                                        keep_loaded_bytes=stage_bytes // 2)).run()
+    stats = result.policy_stats
+    stages = sum(len(m.stages) for m in manifests.values())
+    assert 0 < stats["pinned_stages"] < stages
+    assert stats["loads_reused"] == 2 * stats["pinned_stages"]  # jobs 1 and 2 take them
+    assert stats["kept_evicted"] == stats["pinned_stages"]  # unloaded at the run's end
+    assert_outputs_like_whole_models(result.outputs, manifests, feeds, range(3))
+    assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
+    assert result.peak_reserved_bytes <= budget and not result.over_commits
 
 
 @pytest.mark.real

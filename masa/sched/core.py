@@ -600,16 +600,17 @@ AGE_AFTER_JOBS = 32
 
 
 def _pinned(state: SchedulerState) -> frozenset[Stage]:
-    """The stages kept once not all fit, chosen again when `_see_stage` says so; a
-    kept stage no longer among them becomes evictable as any kept stage."""
+    """The stages kept once not all fit, chosen again when `_see_stage` says so. The
+    kept stages among them are pinned (a stage kept before the bound was passed
+    included); a kept stage no longer among them becomes evictable as any kept stage."""
     if state.pinned is None:
-        state.pinned = pinned_stages(
-            state.seen_stages, min(state.keep_loaded_bytes, state.ledger.budget_bytes),
-            state.workers, state.largest_exec_bytes)
+        state.pinned = pinned_stages(state.seen_stages, state.keep_loaded_bytes,
+                                     state.ledger.budget_bytes, state.workers,
+                                     state.largest_exec_bytes)
         state.loads_since_pinned = 0
-        for stage in state.kept_pinned - state.pinned:
-            state.kept_pinned.discard(stage)
-            state.ledger.pinned_bytes -= state.kept[stage].memory_bytes
+        state.kept_pinned = state.pinned & state.kept.keys()
+        state.ledger.pinned_bytes = sum(state.kept[stage].memory_bytes
+                                        for stage in state.kept_pinned)
     return state.pinned
 
 
@@ -636,6 +637,9 @@ def _keeps(state: SchedulerState, lock: Lock) -> bool:
     pin = state.seen_stage_bytes > min(state.keep_loaded_bytes, state.ledger.budget_bytes)
     if pin and not (state.pin_stages and stage in _pinned(state)):
         return False
+    if pin:  # stages kept before the bound was passed make way (they are not pinned)
+        while state.kept and state.ledger.kept_bytes + lock.memory_bytes > state.keep_loaded_bytes:
+            _evict_one(state)
     state.kept[stage] = lock
     state.ledger.kept_bytes += lock.memory_bytes
     if pin:

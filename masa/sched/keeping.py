@@ -28,14 +28,18 @@ class StageUse:
     recent_loads: float = 0.0  # LOADs added lately (halved as jobs go by: `age_uses`)
 
 
-def pinned_stages(uses: Mapping[Stage, StageUse], bound_bytes: int, workers: int,
-                  exec_bytes: int = 0) -> frozenset[Stage]:
+def pinned_stages(uses: Mapping[Stage, StageUse], keep_bytes: int, budget_bytes: int,
+                  workers: int, exec_bytes: int = 0) -> frozenset[Stage]:
     """The stages to keep loaded: the longest run of stages, by LOAD time saved per
     resident byte (load_us x recent_loads / resident_bytes, highest first), whose
-    resident bytes plus `workers` x the largest LOAD footprint among the others plus
-    `exec_bytes` (the largest EXEC footprint, which masa's headroom rule keeps room
-    for) stay within `bound_bytes`: every worker can still load one of the others.
-    Greedy by value density, as for a knapsack; empty when nothing fits that way."""
+    resident bytes stay within `keep_bytes` and, plus `workers` x the largest LOAD
+    footprint among the others plus `exec_bytes` (the largest EXEC footprint, which
+    masa's headroom rule keeps room for), within `budget_bytes`: every worker can
+    still load one of the others. Greedy by value density, as for a knapsack; empty
+    when nothing fits that way. (Measured on the simulated grid with 32 MiB slices:
+    room for 1.5 LOADs instead of `workers` = 2 pinned more and made lifelogging and
+    stochastic II at 512 MiB 1.6-1.7x slower; room for 3 or 4 pinned less and was up
+    to 27% slower.)"""
     ranked = sorted(uses.items(), key=lambda item: (
         -item[1].load_us * item[1].recent_loads / max(1, item[1].resident_bytes), item[0]))
     # largest_after[i]: the largest LOAD footprint among ranked[i:], the unpinned ones.
@@ -45,7 +49,8 @@ def pinned_stages(uses: Mapping[Stage, StageUse], bound_bytes: int, workers: int
     chosen = 0
     pinned_bytes = 0
     for index in range(len(ranked) + 1):
-        if pinned_bytes + workers * largest_after[index] + exec_bytes <= bound_bytes:
+        if (pinned_bytes <= keep_bytes
+                and pinned_bytes + workers * largest_after[index] + exec_bytes <= budget_bytes):
             chosen = index
         if index < len(ranked):
             pinned_bytes += ranked[index][1].resident_bytes
