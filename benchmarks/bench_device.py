@@ -2142,8 +2142,9 @@ simulating recorded cells again with every task's time scaled
   pages of stages already run are page cache the kernel drops and reads again,
   and Bulk's whole networks fit at scale 1. With copied weights every policy,
   Masa included, was killed in mixed at 512 MiB, since EmotionNet's fc6 needs
-  576 MiB to load. Sliced for the budget (`masa prepare --target-memory 512MiB`,
-  the store of docs/bench-compare.md's sliced grid: fc6 in three 96 MiB stages),
+  576 MiB to load. Sliced for the budget (`masa prepare --target-memory 512MiB`
+  as it was then, `--max-stage-bytes 128MiB` today; the store of
+  docs/bench-compare.md's sliced grid: fc6 in three 96 MiB stages),
   the same cell's jobs ran to the end under every policy (2026-11-27, a8314ea,
   two runs each, a `/tmp` script over `run_policy`; the records are in
   docs/bench-data/device-mixed-512-sliced.jsonl, not in the results file):

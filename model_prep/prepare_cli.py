@@ -394,7 +394,9 @@ def add_slicing_arguments(parser: argparse.ArgumentParser) -> None:
                               "stages along its outputs, joined by Concat (e.g. 128MiB)")
     slicing.add_argument("--target-memory", default=None, metavar="SIZE",
                          help="the memory budget the network must run in: slice operators "
-                              "whose weights exceed a quarter of it (--max-stage-bytes SIZE/4)")
+                              "whose weights exceed a sixteenth of it (--max-stage-bytes "
+                              "SIZE/16), so that the stages masa keeps loaded leave room to "
+                              "load the others")
 
 
 def _prepare_command(args: argparse.Namespace) -> int:

@@ -107,7 +107,7 @@ def test_limits_must_be_positive() -> None:
         slice_model(model, 0)
     with pytest.raises(UserError, match="--target-memory"):
         max_stage_bytes_for_target(0)
-    assert max_stage_bytes_for_target(512 * 2**20) == 128 * 2**20
+    assert max_stage_bytes_for_target(512 * 2**20) == 32 * 2**20
 
 
 def test_prepared_slices_are_stages_the_task_graph_schedules(tmp_path: Path) -> None:
