@@ -16,7 +16,7 @@ from masa.cli.main import main
 from masa.common.errors import UserError
 from masa.runtime.driver import Driver
 from masa.runtime.registry import make_policy
-from masa.runtime.threads import RealExecutor, RealRunConfig
+from masa.runtime.threads import RealExecutor, RealRunConfig, RealRunResult
 from masa.runtime.virtual import VirtualBackend, simulate_graph
 from masa.sched.checker import check_schedule
 from masa.sched.core import (
@@ -29,7 +29,7 @@ from masa.sched.core import (
 from masa.sched.jobs import JobSpec, build_workload_graph
 from masa.sched.keeping import StageUse, age_uses, pinned_stages
 from masa.sched.policies import BulkPolicy, MasaPolicy
-from masa.sched.taskgraph import Task
+from masa.sched.taskgraph import Task, TaskGraph
 from model_prep.feeds import random_feeds
 from model_prep.manifest import load_store_network
 
@@ -237,25 +237,36 @@ def test_a_simulation_reuses_kept_stages_at_no_cost_and_ends_with_nothing_reserv
     assert check_schedule(graph, list(kept.schedule), workers=2, memory_budget_bytes=600) == []
 
 
-@pytest.mark.real
-def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: Path) -> None:
+def _three_jobs(store: Path) -> tuple[dict, dict, TaskGraph]:
+    """AgeNet and GoogLeNet for three jobs 0.3 s apart (a job's tiny stages have run
+    and been kept when the next arrives): manifests, feeds, graph."""
     networks = ("agenet", "googlenet")
-    manifests = {name: load_store_network(small_zoo_store, name) for name in networks}
+    manifests = {name: load_store_network(store, name) for name in networks}
     feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
              for name, m in manifests.items()}
-    # 0.3 s apart: a job's tiny stages have run and been kept when the next arrives.
     jobs = [JobSpec(job, job * 300_000, networks) for job in range(3)]
-    graph = build_workload_graph(jobs, manifests, list(networks))
-    budget = 64 * MIB
+    return manifests, feeds, build_workload_graph(jobs, manifests, list(networks))
+
+
+def _run_real(manifests: dict, feeds: dict, graph: TaskGraph, keep_loaded_bytes: int,
+              budget: int = 64 * MIB) -> RealRunResult:
+    """Run the jobs for real; every run leaves nothing behind and stays in budget."""
     result = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
                           RealRunConfig(workers=2, memory_budget_bytes=budget,
-                                        keep_loaded_bytes=budget)).run()
-    stages = sum(len(m.stages) for m in manifests.values())
-    assert result.policy_stats["loads_reused"] == 2 * stages  # jobs 1 and 2 load nothing
-    assert result.policy_stats["kept_evicted"] == stages  # all unloaded at the run's end
+                                        keep_loaded_bytes=keep_loaded_bytes)).run()
     assert_outputs_like_whole_models(result.outputs, manifests, feeds, range(3))
     assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
     assert result.peak_reserved_bytes <= budget and not result.over_commits
+    return result
+
+
+@pytest.mark.real
+def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: Path) -> None:
+    manifests, feeds, graph = _three_jobs(small_zoo_store)
+    result = _run_real(manifests, feeds, graph, keep_loaded_bytes=64 * MIB)
+    stages = sum(len(m.stages) for m in manifests.values())
+    assert result.policy_stats["loads_reused"] == 2 * stages  # jobs 1 and 2 load nothing
+    assert result.policy_stats["kept_evicted"] == stages  # all unloaded at the run's end
     reused = [e for e in result.schedule if e.task_id.endswith("/load")
               and not e.task_id.startswith("j0/")]
     assert reused and all(e.worker >= 0 and e.status == "done" for e in reused)
@@ -264,27 +275,15 @@ def test_a_real_run_reuses_kept_sessions_with_the_same_outputs(small_zoo_store: 
 @pytest.mark.real
 def test_a_real_run_past_the_bound_reuses_its_pinned_sessions_with_the_same_outputs(
         small_zoo_store: Path) -> None:
-    networks = ("agenet", "googlenet")
-    manifests = {name: load_store_network(small_zoo_store, name) for name in networks}
-    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
-             for name, m in manifests.items()}
-    jobs = [JobSpec(job, job * 300_000, networks) for job in range(3)]
-    graph = build_workload_graph(jobs, manifests, list(networks))
+    manifests, feeds, graph = _three_jobs(small_zoo_store)
     stage_bytes = sum(lock.memory_bytes for lock in graph.locks
                       if lock.from_task.startswith("j0/") and lock.from_task.endswith("/load"))
-    budget = 64 * MIB
     # Half the stages' bytes: the first job's stages do not all fit, some are pinned.
-    result = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
-                          RealRunConfig(workers=2, memory_budget_bytes=budget,
-                                        keep_loaded_bytes=stage_bytes // 2)).run()
-    stats = result.policy_stats
+    stats = _run_real(manifests, feeds, graph, keep_loaded_bytes=stage_bytes // 2).policy_stats
     stages = sum(len(m.stages) for m in manifests.values())
     assert 0 < stats["pinned_stages"] < stages
     assert stats["loads_reused"] == 2 * stats["pinned_stages"]  # jobs 1 and 2 take them
     assert stats["kept_evicted"] == stats["pinned_stages"]  # unloaded at the run's end
-    assert_outputs_like_whole_models(result.outputs, manifests, feeds, range(3))
-    assert result.final_reserved_bytes == 0 and result.live_sessions_after == 0
-    assert result.peak_reserved_bytes <= budget and not result.over_commits
 
 
 @pytest.mark.real

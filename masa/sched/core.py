@@ -547,10 +547,8 @@ def _evict_one(state: SchedulerState) -> None:
     saves the least time per byte."""
     stage = next((stage for stage in state.kept if stage not in state.kept_pinned), None)
     if stage is None:
-        uses = state.seen_stages
-        stage = min(state.kept, key=lambda kept: (
-            uses[kept].load_us * uses[kept].recent_loads / max(1, uses[kept].resident_bytes),
-            kept))
+        stage = min(state.kept,
+                    key=lambda kept: (state.seen_stages[kept].saved_us_per_byte(), kept))
     lock = _unkeep(state, stage)
     assert lock is not None
     state.events.released_bytes += lock.memory_bytes

@@ -27,6 +27,10 @@ class StageUse:
     footprint_bytes: int  # what its LOAD reserves while it runs (resident + direct)
     recent_loads: float = 0.0  # LOADs added lately (halved as jobs go by: `age_uses`)
 
+    def saved_us_per_byte(self) -> float:
+        """What keeping the stage is worth: LOAD time saved per resident byte held."""
+        return self.load_us * self.recent_loads / max(1, self.resident_bytes)
+
 
 def pinned_stages(uses: Mapping[Stage, StageUse], keep_bytes: int, budget_bytes: int,
                   workers: int, exec_bytes: int = 0) -> frozenset[Stage]:
@@ -40,8 +44,7 @@ def pinned_stages(uses: Mapping[Stage, StageUse], keep_bytes: int, budget_bytes:
     room for 1.5 LOADs instead of `workers` = 2 pinned more and made lifelogging and
     stochastic II at 512 MiB 1.6-1.7x slower; room for 3 or 4 pinned less and was up
     to 27% slower.)"""
-    ranked = sorted(uses.items(), key=lambda item: (
-        -item[1].load_us * item[1].recent_loads / max(1, item[1].resident_bytes), item[0]))
+    ranked = sorted(uses.items(), key=lambda item: (-item[1].saved_us_per_byte(), item[0]))
     # largest_after[i]: the largest LOAD footprint among ranked[i:], the unpinned ones.
     largest_after = [0] * (len(ranked) + 1)
     for index in range(len(ranked) - 1, -1, -1):
