@@ -68,6 +68,11 @@ from masa.runtime.runner import PreparedRun, RunSettings, prepare_run
 from masa.sched.jobs import network_time_us
 from masa.sched.taskgraph import TaskKind
 from model_prep.manifest import MANIFEST_NAME
+from solver.analysis import (
+    least_missing_bytes,
+    stage_file_requests,
+    storage_mean_response_lower_bound_us,
+)
 from workloads.generation import scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +82,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "bench-device.jsonl"
 # (as the first grid's was) sets other arrival rates and other simulated times.
 PINNED = ROOT / "benchmarks" / "results" / "bench-device-profile.json"
 DOC = ROOT / "docs" / "bench-device.md"
+# The storage bound of each cell (`--storage-bounds`), read when the page is rendered.
+STORAGE_BOUNDS = RESULTS.with_name("bench-device-storage-bounds.json")
 PNG = ROOT / "docs" / "bench-device.png"
 BOARD = "pi4-1g"
 POLICIES = ("masa", "bulk", "deepeye")
@@ -941,6 +948,44 @@ def recorded_device(record: dict[str, Any], cell: Cell) -> tuple[Device, int]:
     return board(base_bytes + cell.budget_mib * MIB), base_bytes
 
 
+def storage_bounds(args: argparse.Namespace) -> None:
+    """Write STORAGE_BOUNDS: for each cell whose jobs run every network (context
+    oblivious) and that has runs, the mean response no policy that reads a stage file
+    only for a job that has arrived can beat on this card
+    (`solver.analysis.storage_mean_response_lower_bound_us`): each job must read what
+    was not in memory at its arrival, and the room is the cap less the measured base
+    (the largest of the cell's runs, so the bound holds for each)."""
+    pin = pinned_stores(args)
+    by_cell = _by_cell(current(load_results(args.results), pin))
+    read_bytes_per_s = load_device(BOARD).read_bytes_per_s or 1
+    bounds = {}
+    with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
+        for cell in grid():
+            runs = by_cell.get(cell.key, {})
+            if cell.context != "oblivious" or cell.memory_scale != 1.0 or not runs:
+                continue
+            prepared = prepare_cell(cell, args, Path(scratch), pin)
+            if any(r["jobs"] != len(prepared.jobs) for r in runs.values()):
+                print(f"{cell.key}: the runs' job count is not today's workload's; skipped")
+                continue
+            file_bytes = {stage: storage.file_bytes
+                          for stage, storage in stage_storage(prepared.manifests).items()}
+            requests = stage_file_requests(prepared.graph, file_bytes)
+            room_bytes = max(round((r["cap_mib"] - r["base_mib"]) * MIB) for r in runs.values())
+            missing_bytes = least_missing_bytes(requests, room_bytes)
+            bound_us = storage_mean_response_lower_bound_us(
+                requests, len(prepared.jobs), room_bytes, read_bytes_per_s)
+            bounds[cell.key] = {"bound_ms": round(bound_us / 1e3, 1),
+                                "room_mib": round(room_bytes / MIB, 1),
+                                "missing_mib": round(missing_bytes / MIB, 1),
+                                "jobs": len(prepared.jobs),
+                                "read_mb_per_s": read_bytes_per_s / 1e6}
+            print(f"{cell.key}: at least {bound_us / 1e6:.2f} s mean response "
+                  f"({missing_bytes / MIB:.0f} MiB missing at arrivals, room "
+                  f"{room_bytes / MIB:.0f} MiB)")
+    atomic_write_text(STORAGE_BOUNDS, json.dumps(bounds, indent=1, sort_keys=True) + "\n")
+
+
 def resimulate(args: argparse.Namespace) -> None:
     """Simulate every run made on the pinned profile again with today's simulator (the
     real figures stay). Older records whose workload the pinned profile leaves as it
@@ -1251,6 +1296,53 @@ def keep_lines(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
             f"{'-' if versus is None else f'{100 * versus:+.0f}%'} | "
             f"{'-' if peak is None else f'{peak:.0f} of {cell.budget_mib} MiB'} |")
+    return lines
+
+
+def _target_verdict(masa_ms: float, bulk_ms: float, bound_ms: float) -> str:
+    """Issue 14's 0.3x Bulk in one cell: met, out of any policy's reach, or missed."""
+    if masa_ms <= 0.3 * bulk_ms:
+        return "0.3x holds"
+    if bound_ms > 0.3 * bulk_ms:
+        return f"out of reach: no policy below {bound_ms / bulk_ms:.2f}x"
+    return "missed"
+
+
+def storage_bound_lines(results: Sequence[dict[str, Any]], bounds: dict[str, Any]
+                        ) -> list[str]:
+    """The 512 MiB-1 GiB cells at 0.7 and 0.9 against their storage bound
+    (STORAGE_BOUNDS, `--storage-bounds`): the real means of Masa as it runs by default
+    (the cell's kept-stages runs where it has them) and of the baselines run beside
+    it, Bulk's times 0.3 (issue 14's target) and the bound over Bulk's."""
+    by_cell = _by_cell(results)
+    lines = ["| cell | storage bound | Masa | Bulk | DeepEye | Masa vs best baseline "
+             "| 0.3x Bulk | Masa / Bulk | Masa / bound | issue 14's 0.3x |", "|" + "---|" * 10]
+    below = []
+    for cell in grid():
+        if (cell.keep_loaded or cell.read_ahead_mib is not None or cell.budget_mib > 1024
+                or cell.rho not in (0.7, 0.9) or cell.key not in bounds):
+            continue
+        kept = replace(cell, keep_loaded=True)
+        runs = by_cell.get(kept.key) or by_cell.get(cell.key, {})
+        means = {p: ((runs.get(p) or {}).get("real") or {}).get("mean_ms") for p in POLICIES}
+        if not (means["masa"] and means["bulk"]):
+            continue
+        bound_ms = bounds[cell.key]["bound_ms"]
+        below += [f"{cell.label} {cell.budget_mib} MiB/{cell.rho} {p}" for p in POLICIES
+                  if means[p] and means[p] < bound_ms]
+        lines.append(
+            f"| {cell.label}, {cell.budget_mib} MiB, {cell.rho}, {cell.span_s} s | "
+            f"{bound_ms / 1e3:.2f} s ({bounds[cell.key]['missing_mib']:.0f} MiB) | "
+            f"{means['masa'] / 1e3:.2f} s{' (kept)' if kept.key in by_cell else ''} | "
+            + " | ".join("-" if not means[p] else f"{means[p] / 1e3:.2f} s"
+                         for p in POLICIES[1:])
+            + f" | {_pct(means['masa'] / min(means[p] for p in POLICIES[1:] if means[p]))}"
+            + f" | {0.3 * means['bulk'] / 1e3:.2f} s | {means['masa'] / means['bulk']:.2f}x | "
+            + (f"{means['masa'] / bound_ms:.2f}x" if bound_ms >= 100 else "-")
+            + f" | {_target_verdict(means['masa'], means['bulk'], bound_ms)} |")
+    if below:  # a real run faster than the bound: the bound's premises do not hold
+        lines += ["", "**Below the storage bound** (check the device's figures): "
+                  + "; ".join(below) + "."]
     return lines
 
 
@@ -1629,6 +1721,10 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
         plt.close(figure)
 
 
+def _storage_bounds() -> dict[str, Any]:
+    return json.loads(STORAGE_BOUNDS.read_text()) if STORAGE_BOUNDS.is_file() else {}
+
+
 def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namespace) -> None:
     """docs/bench-device.md (and its PNG) from the results file: the runs made on the
     pinned profile, and the superseded ones apart."""
@@ -1652,6 +1748,12 @@ def write_doc(all_results: list[dict[str, Any]], pin: Pin, args: argparse.Namesp
         *superseded_lines(superseded),
         *withdrawn_lines(withdrawn),
         f"![mean response per cell]({args.doc.with_suffix('.png').name})",
+        "",
+        "## What the card allows: issue 14's 0.3x Bulk",
+        "",
+        STORAGE_TEXT.format(read_mb_per_s=(load_device(BOARD).read_bytes_per_s or 0) / 1e6),
+        "",
+        *storage_bound_lines(results, _storage_bounds()),
         "",
         "## Masa keeps loaded stages (issue 14)",
         "",
@@ -1833,6 +1935,30 @@ def _relative(path: Path) -> str:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+STORAGE_TEXT = """Issue 14 asks Masa's mean response to be at most 0.3x Bulk's at offered
+load 0.7 and 0.9 and 512 MiB-1 GiB, on this device too. Where the card binds, no
+policy can do that. A job cannot end before the bytes of its networks' stage files
+that were not in memory when it arrived have been read, and the card reads at most
+{read_mb_per_s:g} MB/s; the page cache and the process share at most the cap less the runtime's
+base; the cache starts cold. The fewest bytes the jobs' arrivals can find missing,
+whatever is kept and evicted, is offline caching in the bit model
+(`solver.analysis.least_missing_bytes`: a packing of the bytes kept between two
+requests of a network into the room, solved exactly by taking the intervals by
+their right end, and checked against GLOP's LP optimum in tests/test_solver.py);
+their sum over the card's rate, per job, is the *storage bound*
+(`storage_mean_response_lower_bound_us`; `python benchmarks/bench_device.py
+--storage-bounds` writes it for each cell to
+benchmarks/results/bench-device-storage-bounds.json). It holds for any policy that
+reads a stage file only to load it for a job that has arrived (Masa, Bulk and
+DeepEye do); it ignores the CPU, the LOADs' own time and memory beyond the room, so
+it is low where the CPU binds (small, mixed at 1 GiB). Masa below is today's
+default: the cell's kept-stages runs where it has them (section below), else its
+runs from before kept stages were the default (in the card-bound cells at 512 MiB
+they pin little: stochastic I, the one measured both ways, 2.15 s -> 2.08 s at 0.7
+and 2.32 s -> 2.27 s at 0.9). Every mean on the page is at or above its cell's
+bound (the page would list any below it)."""
 
 
 KEEP_TEXT = """The cells marked *Masa keeps loaded stages* run `masa` with `--keep-loaded` equal to
@@ -2492,6 +2618,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ignore-host-speed", action="store_true",
                         help="run the cells where the CPU binds even when this machine's "
                         f"CPU is more than {MAX_HOST_CPU_SCALE}x slower than the profile")
+    parser.add_argument("--storage-bounds", action="store_true",
+                        help="write each context-oblivious cell's storage bound (the mean "
+                        "response no policy beats on this card) for the page, then render it")
     parser.add_argument("--probe-host", action="store_true",
                         help="print this machine's CPU time per profiled time now "
                         f"({PROBE_NETWORK}'s stages profiled again) and exit")
@@ -2514,7 +2643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fit_dispatch:
         fit_dispatch(args)
         return 0
-    if args.resimulate:
+    if args.storage_bounds:
+        storage_bounds(args)
+    elif args.resimulate:
         resimulate(args)
     elif not args.doc_only:
         ensure_zoo(args.cache)

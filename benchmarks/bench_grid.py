@@ -306,7 +306,9 @@ def section(saved: dict[str, Any], png_name: str, analysis: str = "") -> str:
     policies = saved["policies"]
     lines = [START, "", "## The issue-14 grid (simulation): job order, slicing, 2 -> 4 workers",
              "", f"Produced by `{saved['command']}` ({saved['elapsed_s'] / 60:.1f} min); "
-             "re-rendered with `python benchmarks/bench_grid.py --from-json FILE`.", "",
+             "re-rendered with `python benchmarks/bench_grid.py --from-json "
+             "docs/bench-data/grid.json --analysis docs/bench-data/grid-analysis.md` (the "
+             "figures and this page's analysis, kept in the repository).", "",
              "Each cell simulates the same jobs (offered load rho as in the tables below: "
              "arrival rate x expected profiled job work / 2 workers) under every policy on "
              "the store's profiled costs. `masa` is the default policy after issue 14 (the job "

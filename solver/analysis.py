@@ -3,7 +3,7 @@
 Owns the static facts the CP-SAT model adds as redundant constraints and the
 search starts from: heads and tails of every task (earliest start, longest
 path to the end), the static lower bounds on the makespan and on the jobs'
-mean response, classes of
+mean response (from the work, and from a device's storage), the classes of
 interchangeable networks (for symmetry breaking) and cliques of tasks that
 can never overlap (for redundant no-overlaps). Pure functions of the graph.
 """
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping, Sequence
+from itertools import pairwise
 
 from masa.common.graphs import topological_order
-from masa.sched.taskgraph import TaskGraph
+from masa.sched.taskgraph import TaskGraph, TaskKind
 from solver.instance import Instance, ancestor_sets, model_start_after, spanning_locks
 from solver.schedules import job_releases
 
@@ -108,6 +109,77 @@ def _srpt_response_sum_us(releases: dict[int, int], work_us: dict[int, int],
             heapq.heappush(waiting, (remaining - (next_arrival - now), release))
             now = next_arrival
     return total
+
+
+def least_missing_bytes(requests: Sequence[tuple[int, Hashable, int]],
+                        room_bytes: int) -> int:
+    """The fewest bytes that `requests` (time_us, item, item_bytes) must find missing from
+    a cache of `room_bytes` that starts empty, whatever it keeps and evicts: offline
+    caching in the bit model, where a request may find part of its item cached.
+
+    The cache changes only at requests, so what helps a request is the part of its
+    item kept since the item's previous request; each such interval (previous, this]
+    holds its kept bytes at every request time inside it, and at each time the kept
+    bytes fit in the room. Taking intervals by their right end and keeping as much of
+    each as still fits is optimal for this packing (unit weight per byte; Carlisle
+    and Lloyd, 1995), so the result is exact for the relaxation. A request's own item
+    need not fit beside the kept bytes: a network is loaded one stage at a time.
+    """
+    times = sorted({time_us for time_us, _, _ in requests})
+    index = {time_us: position for position, time_us in enumerate(times)}
+    by_item: dict[Hashable, list[tuple[int, int]]] = {}
+    for time_us, item, item_bytes in requests:
+        by_item.setdefault(item, []).append((time_us, item_bytes))
+    missing_bytes = 0
+    intervals: list[tuple[int, int, int]] = []  # (first, end) point slice, item bytes
+    for item_requests in by_item.values():
+        item_requests.sort()
+        missing_bytes += item_requests[0][1]  # the cache starts empty
+        for (before_us, _), (time_us, item_bytes) in pairwise(item_requests):
+            if time_us > before_us:  # requests at the same instant share one read
+                intervals.append((index[before_us] + 1, index[time_us] + 1, item_bytes))
+    room = [room_bytes] * len(times)
+    for first, end, item_bytes in sorted(intervals, key=lambda interval: interval[1]):
+        kept_bytes = min(item_bytes, min(room[first:end]))
+        for point in range(first, end):
+            room[point] -= kept_bytes
+        missing_bytes += item_bytes - kept_bytes
+    return missing_bytes
+
+
+def stage_file_requests(graph: TaskGraph, file_bytes: Mapping[tuple[str, str], int]
+                        ) -> list[tuple[int, str, int]]:
+    """What each job asks of storage: (its release, a network it loads, the bytes of that
+    network's stage files there, `file_bytes` by (network, stage_id)), one per network
+    of each job (a job that runs a network twice reads its files once)."""
+    releases = job_releases(graph)
+    stages: dict[tuple[int, str], set[str]] = {}
+    for task in graph.tasks:
+        if task.kind is TaskKind.LOAD:
+            stages.setdefault((task.job_id, task.network), set()).add(task.stage_id)
+    return [(releases[job], network, sum(file_bytes[(network, stage)] for stage in ids))
+            for (job, network), ids in sorted(stages.items())]
+
+
+def storage_mean_response_lower_bound_us(requests: Sequence[tuple[int, Hashable, int]],
+                                         job_count: int, room_bytes: int,
+                                         read_bytes_per_s: float) -> float:
+    """The mean job response no policy beats on a device whose storage reads at most
+    `read_bytes_per_s`, whose page cache and process share `room_bytes`, and whose
+    cache starts cold; `requests` are (arrival_us, network, stage file bytes), one per
+    network of each of `job_count` jobs.
+
+    A job cannot end before the bytes of its networks' stage files that were not in
+    memory at its arrival have been read, at no more than the storage's rate, so its
+    response is at least those bytes over the rate; the sum over jobs is at least
+    `least_missing_bytes`. It holds for policies that read a stage file only to load it
+    for a job that has arrived (masa, bulk and deepeye); one that guessed the next
+    jobs and read their files ahead could do better.
+    """
+    if job_count == 0:
+        return 0.0
+    missing_bytes = least_missing_bytes(requests, room_bytes)
+    return missing_bytes * 1e6 / read_bytes_per_s / job_count
 
 
 # ---------------------------------------------------------------- symmetry

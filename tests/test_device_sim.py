@@ -15,6 +15,8 @@ from masa.runtime.registry import make_policy
 from masa.runtime.virtual import DeviceModel, StageStorage, simulate_graph
 from masa.sched.policies import MasaPolicy
 from masa.sched.taskgraph import TaskGraph, TaskKind
+from solver.analysis import stage_file_requests, storage_mean_response_lower_bound_us
+from solver.schedules import response_sum
 
 BASE = 1_000
 MB = 1_000_000
@@ -466,3 +468,24 @@ def test_a_kept_stage_is_loaded_again_at_no_cost_and_reads_nothing() -> None:
     assert starts["j0/n0/s0/exec"][0] == starts["j0/n0/s0/load"][1] + 500
     assert starts["j1/n0/s0/exec"][0] == starts["j1/n0/s0/load"][1] == \
         starts["j1/n0/s0/load"][0]
+
+
+def test_no_policy_beats_the_storage_bound_on_a_cold_device() -> None:
+    """Six jobs a second apart, each loading two networks of 2 MB of stage files into
+    3 MB of room at 1 MB/s: every job must read what its room could not keep, and no
+    policy's simulated mean response is below `storage_mean_response_lower_bound_us`
+    (which for this cycle is several seconds: the card, not the CPU, sets it)."""
+    networks = [chain_network(job, network, [100, 100], load_us=100, release_us=job * MB)
+                for job in range(6) for network in range(2)]
+    graph = merge(networks)
+    stages = {(f"n{n}", f"s{s}"): StageStorage(file_bytes=MB) for n in range(2) for s in range(2)}
+    requests = stage_file_requests(graph, {key: st.file_bytes for key, st in stages.items()})
+    assert len(requests) == 12 and {size for _, _, size in requests} == {2 * MB}
+    bound_us = storage_mean_response_lower_bound_us(requests, 6, 3 * MB, MB)
+    assert bound_us > 1 * MB  # more than a second per job
+    for name in ("masa", "bulk", "deepeye"):
+        result = simulate_graph(graph, policy=make_policy(name), workers=2,
+                                memory_budget_bytes=100_000,
+                                device=_device(BASE + 3 * MB, stages))
+        assert result.device.killed_at_us is None
+        assert response_sum(graph, result.schedule) / 6 >= bound_us, name

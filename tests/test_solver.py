@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sched_graphs import solver_instance
 
@@ -24,8 +26,10 @@ from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph, TaskKind
 from solver.analysis import (
     conflict_cliques,
     identical_groups,
+    least_missing_bytes,
     mean_response_lower_bound_us,
     static_lower_bound,
+    storage_mean_response_lower_bound_us,
 )
 from solver.instance import (
     Instance,
@@ -669,6 +673,55 @@ def test_no_schedule_has_a_mean_response_below_the_bound() -> None:
             run = simulate_graph(instance.graph, policy=make_policy(name),
                                  workers=instance.workers, memory_budget_bytes=instance.memory)
             assert response_sum(instance.graph, run.schedule) / jobs >= bound_us - 1e-9, name
+
+
+def test_least_missing_bytes_keeps_what_fits_between_an_items_requests() -> None:
+    """Items A and B of 100 bytes in a room of 150, asked for at 0, 1, 2, 3: both first
+    reads miss (200); A is kept whole from 0 to 2, which leaves B 50 bytes at 2, so
+    B's second request misses 50. Requests at the same instant share one read; a room
+    as large as everything misses only the first reads; no room misses every byte."""
+    requests = [(0, "A", 100), (1, "B", 100), (2, "A", 100), (3, "B", 100)]
+    assert least_missing_bytes(requests, 150) == 250
+    assert least_missing_bytes(requests, 200) == 200
+    assert least_missing_bytes(requests, 0) == 400
+    assert least_missing_bytes([(5, "A", 100), (5, "A", 100)], 0) == 100
+    # 3 jobs of 400 bytes each, read at 100 bytes/s over 3 jobs: (400 + 300 + 300) / 100 / 3
+    jobs = [(0, "N", 400), (10_000_000, "N", 400), (20_000_000, "N", 400)]
+    assert storage_mean_response_lower_bound_us(jobs, 3, 100, 100) == pytest.approx(
+        1_000 / 100 / 3 * 1e6)
+
+
+def test_least_missing_bytes_is_the_optimum_of_its_linear_program() -> None:
+    """The greedy keep (intervals by their right end) against GLOP on the same
+    relaxation: keep k_i <= bytes in each interval between an item's requests, the kept
+    bytes at every request time within the room; missing = all bytes - sum k_i."""
+    from ortools.linear_solver import pywraplp
+    rng = np.random.default_rng(14)
+    for case in range(40):
+        items = {f"n{i}": int(rng.integers(1, 60)) for i in range(int(rng.integers(2, 6)))}
+        names = sorted(items)
+        requests = [(int(rng.integers(0, 30)), name, items[name])
+                    for name in rng.choice(names, size=int(rng.integers(3, 25)))]
+        room = int(rng.integers(0, 150))
+        times = sorted({t for t, _, _ in requests})
+        lp = pywraplp.Solver.CreateSolver("GLOP")
+        kept_vars, load_at = [], {t: [] for t in times}
+        total = 0
+        for name in names:
+            asked = sorted({t for t, n, _ in requests if n == name})
+            total += items[name] * len(asked)
+            for before, after in pairwise(asked):
+                kept_var = lp.NumVar(0, items[name], f"kept_{name}_{after}")
+                kept_vars.append(kept_var)
+                for t in times:
+                    if before < t <= after:
+                        load_at[t].append(kept_var)
+        for t in times:
+            lp.Add(sum(load_at[t]) <= room)
+        lp.Maximize(sum(kept_vars))
+        assert lp.Solve() == pywraplp.Solver.OPTIMAL
+        expected = total - lp.Objective().Value()
+        assert least_missing_bytes(requests, room) == pytest.approx(expected, abs=1e-6), case
 
 
 def test_probes_refute_each_makespan_below_the_optimum() -> None:
