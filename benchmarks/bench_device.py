@@ -2342,7 +2342,9 @@ simulating recorded cells again with every task's time scaled
   small at 0.7 (0.08-0.09x at 512 MiB and 1 GiB) and at the edge at 0.9 (0.30x
   and 0.31x), in mixed at 1 GiB over 120 s (0.29x); not in mixed at 1 GiB over
   60 s (0.40x at 0.7, 0.46x at 0.9), nor where the card binds (the policies
-  tie).
+  tie). That was Masa loading every job's stages; with kept stages, the default
+  since 2026-11-28, it holds in every CPU-bound cell of those columns (0.02-0.17x),
+  and where the card binds no policy can meet it (*What the card allows*).
 - **Run length, where the CPU binds.** At these loads no run length gives a
   steady mean for the baselines: 60 s then 120 s, on 2026-11-27 (one run each),
   small at 512 MiB / 0.7: Masa 2.4 -> 3.1 s, Bulk 16.3 -> 30.2 s, DeepEye 14.5
