@@ -953,8 +953,8 @@ def storage_bounds(args: argparse.Namespace) -> None:
     oblivious) and that has runs, the mean response no policy that reads a stage file
     only for a job that has arrived can beat on this card
     (`solver.analysis.storage_mean_response_lower_bound_us`): each job must read what
-    was not in memory at its arrival, and the room is the cap less the measured base
-    (the largest of the cell's runs, so the bound holds for each)."""
+    was not in memory at its arrival, and the room is the memory cap (the largest of
+    the cell's runs, so the bound holds for each)."""
     pin = pinned_stores(args)
     by_cell = _by_cell(current(load_results(args.results), pin))
     read_bytes_per_s = load_device(BOARD).read_bytes_per_s or 1
@@ -971,7 +971,9 @@ def storage_bounds(args: argparse.Namespace) -> None:
             file_bytes = {stage: storage.file_bytes
                           for stage, storage in stage_storage(prepared.manifests).items()}
             requests = stage_file_requests(prepared.graph, file_bytes)
-            room_bytes = max(round((r["cap_mib"] - r["base_mib"]) * MIB) for r in runs.values())
+            # The whole cap: the runtime's base counted in it holds library pages the
+            # kernel could drop for stage files, so the bound does not subtract it.
+            room_bytes = max(round(r["cap_mib"] * MIB) for r in runs.values())
             missing_bytes = least_missing_bytes(requests, room_bytes)
             bound_us = storage_mean_response_lower_bound_us(
                 requests, len(prepared.jobs), room_bytes, read_bytes_per_s)
@@ -1941,8 +1943,9 @@ STORAGE_TEXT = """Issue 14 asks Masa's mean response to be at most 0.3x Bulk's a
 load 0.7 and 0.9 and 512 MiB-1 GiB, on this device too. Where the card binds, no
 policy can do that. A job cannot end before the bytes of its networks' stage files
 that were not in memory when it arrived have been read, and the card reads at most
-{read_mb_per_s:g} MB/s; the page cache and the process share at most the cap less the runtime's
-base; the cache starts cold. The fewest bytes the jobs' arrivals can find missing,
+{read_mb_per_s:g} MB/s; the page cache and the process share the memory cap (the
+runtime's base is not subtracted: part of it is library pages the kernel could drop);
+the cache starts cold. The fewest bytes the jobs' arrivals can find missing,
 whatever is kept and evicted, is offline caching in the bit model
 (`solver.analysis.least_missing_bytes`: a packing of the bytes kept between two
 requests of a network into the room, solved exactly by taking the intervals by
