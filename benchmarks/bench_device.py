@@ -948,10 +948,23 @@ def recorded_device(record: dict[str, Any], cell: Cell) -> tuple[Device, int]:
     return board(base_bytes + cell.budget_mib * MIB), base_bytes
 
 
+def _needed_bytes(prepared: PreparedRun) -> dict[tuple[str, str], int]:
+    """Per stage, the bytes the storage bound counts: its files' bytes (what a LOAD
+    that finds nothing in memory reads), but no more than what a loaded copy holds
+    (its profiled resident bytes): a policy that keeps the stage loaded between jobs
+    reads nothing for it and spends only that much memory."""
+    storage = stage_storage(prepared.manifests)
+    return {(name, stage.stage_id): min(storage[(name, stage.stage_id)].file_bytes,
+                                        stage.profile.resident_bytes if stage.profile
+                                        else storage[(name, stage.stage_id)].file_bytes)
+            for name, manifest in prepared.manifests.items() for stage in manifest.stages}
+
+
 def storage_bounds(args: argparse.Namespace) -> None:
     """Write STORAGE_BOUNDS: for each cell whose jobs run every network (context
     oblivious) and that has runs, the mean response no policy that reads a stage file
-    only for a job that has arrived can beat on this card
+    only for a job that has arrived can beat on this card (stage sizes as
+    `_needed_bytes`)
     (`solver.analysis.storage_mean_response_lower_bound_us`): each job must read what
     was not in memory at its arrival, and the room is the memory cap (the largest of
     the cell's runs, so the bound holds for each)."""
@@ -968,9 +981,7 @@ def storage_bounds(args: argparse.Namespace) -> None:
             if any(r["jobs"] != len(prepared.jobs) for r in runs.values()):
                 print(f"{cell.key}: the runs' job count is not today's workload's; skipped")
                 continue
-            file_bytes = {stage: storage.file_bytes
-                          for stage, storage in stage_storage(prepared.manifests).items()}
-            requests = stage_file_requests(prepared.graph, file_bytes)
+            requests = stage_file_requests(prepared.graph, _needed_bytes(prepared))
             # The whole cap: the runtime's base counted in it holds library pages the
             # kernel could drop for stage files, so the bound does not subtract it.
             room_bytes = max(round(r["cap_mib"] * MIB) for r in runs.values())
@@ -1949,7 +1960,9 @@ that were not in memory when it arrived have been read, and the card reads at mo
 {read_mb_per_s:g} MB/s; the page cache and the process share the memory cap (the
 runtime's base is not subtracted: part of it is library pages the kernel could drop);
 the cache starts cold. The fewest bytes the jobs' arrivals can find missing,
-whatever is kept and evicted, is offline caching in the bit model
+whatever is kept and evicted (a stage counts its files' bytes, but no more than a
+loaded copy holds: a policy may keep it loaded instead), is offline caching in the
+bit model
 (`solver.analysis.least_missing_bytes`: a packing of the bytes kept between two
 requests of a network into the room, solved exactly by taking the intervals by
 their right end, and checked against GLOP's LP optimum in tests/test_solver.py);

@@ -166,8 +166,9 @@ def storage_mean_response_lower_bound_us(requests: Sequence[tuple[int, Hashable,
                                          read_bytes_per_s: float) -> float:
     """The mean job response no policy beats on a device whose storage reads at most
     `read_bytes_per_s`, whose page cache and process share `room_bytes`, and whose
-    cache starts cold; `requests` are (arrival_us, network, stage file bytes), one per
-    network of each of `job_count` jobs.
+    cache starts cold; `requests` are (arrival_us, network, bytes), one per network of
+    each of `job_count` jobs, its bytes those of its stage files (no more than a loaded
+    copy holds, if a policy may keep stages loaded instead).
 
     A job cannot end before the bytes of its networks' stage files that were not in
     memory at its arrival have been read, at no more than the storage's rate, so its
