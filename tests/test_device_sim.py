@@ -15,7 +15,11 @@ from masa.runtime.registry import make_policy
 from masa.runtime.virtual import DeviceModel, StageStorage, simulate_graph
 from masa.sched.policies import MasaPolicy
 from masa.sched.taskgraph import TaskGraph, TaskKind
-from solver.analysis import stage_file_requests, storage_mean_response_lower_bound_us
+from solver.analysis import (
+    least_missing_bytes,
+    stage_file_requests,
+    storage_mean_response_lower_bound_us,
+)
 from solver.schedules import response_sum
 
 BASE = 1_000
@@ -474,7 +478,8 @@ def test_no_policy_beats_the_storage_bound_on_a_cold_device() -> None:
     """Six jobs a second apart, each loading two networks of 2 MB of stage files into
     3 MB of room at 1 MB/s: every job must read what its room could not keep, and no
     policy's simulated mean response is below `storage_mean_response_lower_bound_us`
-    (which for this cycle is several seconds: the card, not the CPU, sets it)."""
+    (more than a second per job here: the card, not the CPU, sets it), nor does any
+    read fewer bytes than `least_missing_bytes`."""
     networks = [chain_network(job, network, [100, 100], load_us=100, release_us=job * MB)
                 for job in range(6) for network in range(2)]
     graph = merge(networks)
@@ -489,3 +494,5 @@ def test_no_policy_beats_the_storage_bound_on_a_cold_device() -> None:
                                 device=_device(BASE + 3 * MB, stages))
         assert result.device.killed_at_us is None
         assert response_sum(graph, result.schedule) / 6 >= bound_us, name
+        # and no policy reads fewer bytes than the least any keeping could miss
+        assert result.device.bytes_read >= least_missing_bytes(requests, 3 * MB), name
