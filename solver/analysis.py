@@ -121,9 +121,11 @@ def least_missing_bytes(requests: Sequence[tuple[int, Hashable, int]],
     item kept since the item's previous request; each such interval (previous, this]
     holds its kept bytes at every request time inside it, and at each time the kept
     bytes fit in the room. Taking intervals by their right end and keeping as much of
-    each as still fits is optimal for this packing (unit weight per byte; Carlisle
-    and Lloyd, 1995), so the result is exact for the relaxation. A request's own item
-    need not fit beside the kept bytes: a network is loaded one stage at a time.
+    each as still fits is optimal for this packing (an exchange argument: a later-ending
+    interval that shares a time with it also holds every later time of it, so a byte
+    moved to the earlier-ending one never takes room the other would not), so the
+    result is exact for the relaxation. A request's own item need not fit beside the
+    kept bytes: a network is loaded one stage at a time.
     """
     times = sorted({time_us for time_us, _, _ in requests})
     index = {time_us: position for position, time_us in enumerate(times)}
