@@ -2578,7 +2578,14 @@ simulating recorded cells again with every task's time scaled
   start's backlog drains (the first tenth of its jobs waits 6.1-6.4 s in both,
   the real run reaches its steady state about two tenths of the jobs later), which
   takes the few percent of spare capacity its conv lane has (in that trace,
-  FaceNet's EXECs took 8.6% more than simulated); and DeepEye's thrash in heavy
+  FaceNet's EXECs took 8.6% more than simulated). Simulated again with every
+  task 2%, 5%, 8.6% and 10% longer (2026-11-28, `--sensitivity` with those
+  scales), DeepEye's three runs there go from 1.8, 2.0 and 1.7 s to 1.9, 2.3
+  and 1.8; 2.2, 2.9 and 2.1; 2.9, 3.7 and 2.7; 3.2, 4.0 and 3.0 s (real 3.1,
+  4.3 and 4.2 s), while Masa's move 1.7-1.8 s -> 2.2-2.4 s (real 2.2-2.7 s) and
+  Bulk's 9.5-10.0 s -> 12.2-12.7 s (real 10.0-12.2 s): a per-task error of a
+  few percent, within what the calibration fits, moves DeepEye's mean there by
+  half or more, Masa's and Bulk's by a quarter. And DeepEye's thrash in heavy
   (-93%; run again it thrashed again, 109.6 s, 7.3 GiB read). That cell's
   cliff is a matter of tens of MiB: the runs now record their peak anonymous
   memory, and where the stages are mapped it exceeds the simulator's (the
