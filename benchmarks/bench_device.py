@@ -167,7 +167,13 @@ KEEP_CELLS = (
     ("small", 1024, 0.7), ("small", 2048, 0.7), ("stochastic1", 2048, 0.7),
     ("stochastic2", 2048, 0.7),
     # The card-bound cells Masa lost by 1-2% without it (the default, measured).
-    ("stochastic1", 512, 0.7), ("stochastic1", 512, 0.9))
+    ("stochastic1", 512, 0.7), ("stochastic1", 512, 0.9),
+    # The other card-bound cells of the 512 MiB-1 GiB columns (2026-11-28): the default
+    # measured where the page showed Masa keeping nothing.
+    ("mixed", 512, 0.9), ("lifelogging", 512, 0.7), ("lifelogging", 512, 0.9),
+    ("stochastic2", 512, 0.7), ("stochastic2", 512, 0.9), ("lifelogging", 1024, 0.9),
+    ("stochastic1", 1024, 0.7), ("stochastic1", 1024, 0.9), ("stochastic2", 1024, 0.7),
+    ("stochastic2", 1024, 0.9))
 
 
 def grid() -> list[Cell]:
