@@ -1288,6 +1288,17 @@ def simulated_side(runs: dict[str, dict[str, Any]]) -> str:
             else "simulated")
 
 
+def _real_means(runs: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Each policy's real mean response (ms) in a cell's runs; None: not finished."""
+    return {p: ((runs.get(p) or {}).get("real") or {}).get("mean_ms") for p in POLICIES}
+
+
+def _best_baseline_ms(means: dict[str, float | None]) -> float | None:
+    """The lower of Bulk's and DeepEye's finished means."""
+    finished = [means[p] for p in POLICIES if p != "masa" and means[p]]
+    return min(finished) if finished else None
+
+
 def keep_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     """Masa keeping loaded stages (the `|keep` cells) against the baselines run beside
     it and against Masa without it (the plain cell's runs): mean response, Masa's
@@ -1301,9 +1312,8 @@ def keep_lines(results: Sequence[dict[str, Any]]) -> list[str]:
             continue
         plain = by_cell.get(replace(cell, keep_loaded=False).key, {}).get("masa") or {}
         masa = runs["masa"]
-        means = {p: ((runs.get(p) or {}).get("real") or {}).get("mean_ms") for p in POLICIES}
-        finished = [means[p] for p in ("bulk", "deepeye") if means[p]]
-        best = min(finished) if finished else None
+        means = _real_means(runs)
+        best = _best_baseline_ms(means)
         ratio = means["masa"] / means["bulk"] if means["masa"] and means["bulk"] else None
         versus = means["masa"] / best - 1 if means["masa"] and best else None
         peak = masa["real"].get("peak_reserved_mib")
@@ -1342,7 +1352,7 @@ def storage_bound_lines(results: Sequence[dict[str, Any]], bounds: dict[str, Any
             continue
         kept = replace(cell, keep_loaded=True)
         runs = by_cell.get(kept.key) or by_cell.get(cell.key, {})
-        means = {p: ((runs.get(p) or {}).get("real") or {}).get("mean_ms") for p in POLICIES}
+        means = _real_means(runs)
         if not (means["masa"] and means["bulk"]):
             continue
         bound_ms = bounds[cell.key]["bound_ms"]
@@ -1352,7 +1362,7 @@ def storage_bound_lines(results: Sequence[dict[str, Any]], bounds: dict[str, Any
             f"{means['masa'] / 1e3:.2f} s{' (kept)' if kept.key in by_cell else ''} | "
             + " | ".join("-" if not means[p] else f"{means[p] / 1e3:.2f} s"
                          for p in POLICIES[1:])
-            + f" | {_pct(means['masa'] / min(means[p] for p in POLICIES[1:] if means[p]))}"
+            + f" | {_pct(means['masa'] / _best_baseline_ms(means))}"
             + f" | {0.3 * means['bulk'] / 1e3:.2f} s | {means['masa'] / means['bulk']:.2f}x | "
             + (f"{means['masa'] / bound_ms:.2f}x" if bound_ms >= 100 else "-")
             + f" | {_target_verdict(means['masa'], means['bulk'], bound_ms)} |")
