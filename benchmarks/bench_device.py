@@ -65,6 +65,7 @@ from masa.runtime.device import Device, load_device
 from masa.runtime.emulation import check_emulation, run_emulated
 from masa.runtime.registry import keep_loaded_for
 from masa.runtime.runner import PreparedRun, RunSettings, prepare_run
+from masa.runtime.virtual import DeviceModel
 from masa.sched.jobs import network_time_us
 from masa.sched.taskgraph import TaskKind
 from model_prep.manifest import MANIFEST_NAME
@@ -695,33 +696,46 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     `cache_first`: whether masa's cached-stages-first rule ran; `calibrated_only`:
     the calibrated side alone (for the fits and sensitivities, which read nothing
     else)."""
-    settings = RunSettings(policy=policy, workers=cell.workers,
-                           memory_budget_bytes=cell.budget_mib * MIB,
-                           read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first,
-                           keep_loaded_bytes=cell.keep_loaded_bytes(policy))
+    settings = cell_settings(cell, policy, cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
-    exec_factors, load_factors, shared = pin.simulator_cpu(scale, cell.store)
-    # (side, CPU factor per network for EXECs and for LOADs, multiplier beside
-    # another task, dispatch time)
-    sides: list[tuple[str, dict[str, float], dict[str, float], float, int]] = (
-        [] if calibrated_only else [("simulated", {}, {}, 1.0, 0)])
-    if exec_factors:
-        sides.append(("simulated_cpu", {name: exec_factors.get(name, 1.0)
-                                        for name in prepared.workload.networks},
-                      load_factors, shared, pin.dispatch_us))
+    models = ({} if calibrated_only else
+              {"simulated": device_model(prepared.manifests, device, base_bytes,
+                                         shared_cpu_while_running=True)})
+    calibrated = calibrated_model(prepared, device, base_bytes, cell, pin, scale)
+    if calibrated is not None:
+        models["simulated_cpu"] = calibrated
     figures: dict[str, Any] = {}
-    for side, cpu_by_network, load_by_network, multiplier, dispatch_us in sides:
-        report = simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, device, base_bytes, cpu_factor_by_network=cpu_by_network,
-            shared_cpu_multiplier=multiplier, shared_cpu_while_running=True,
-            dispatch_us=dispatch_us,
-            load_cpu_factor_by_network=load_by_network), device, meta)
-        figures[side] = _stats(report)
-    if exec_factors:
+    for side, model in models.items():
+        figures[side] = _stats(simulated_device_report(prepared, settings, model, device, meta))
+    if calibrated is not None:
         figures["simulated_dispatch_us"] = pin.dispatch_us
-        figures["simulated_shared_cpu_multiplier"] = shared
+        figures["simulated_shared_cpu_multiplier"] = calibrated.shared_cpu_multiplier
         figures["simulated_host_cpu_scale"] = scale
     return figures
+
+
+def cell_settings(cell: Cell, policy: str, cache_first: bool = True) -> RunSettings:
+    """How the cell runs `policy` (`cache_first`: whether masa's cached-stages-first
+    rule ran)."""
+    return RunSettings(policy=policy, workers=cell.workers,
+                       memory_budget_bytes=cell.budget_mib * MIB,
+                       read_ahead_bytes=cell.read_ahead_bytes, cache_first=cache_first,
+                       keep_loaded_bytes=cell.keep_loaded_bytes(policy))
+
+
+def calibrated_model(prepared: PreparedRun, device: Device, base_bytes: int, cell: Cell,
+                     pin: Pin, scale: float) -> DeviceModel | None:
+    """The calibrated simulator's device (`Pin.simulator_cpu` on a host probed at
+    `scale`, the multiplier charged while tasks run side by side, the dispatch time),
+    or None when the pin has no CPU factors."""
+    exec_factors, load_factors, shared = pin.simulator_cpu(scale, cell.store)
+    if not exec_factors:
+        return None
+    return device_model(prepared.manifests, device, base_bytes,
+                        cpu_factor_by_network={name: exec_factors.get(name, 1.0)
+                                               for name in prepared.workload.networks},
+                        shared_cpu_multiplier=shared, shared_cpu_while_running=True,
+                        dispatch_us=pin.dispatch_us, load_cpu_factor_by_network=load_factors)
 
 
 def stage_files_mib(prepared: PreparedRun) -> float:

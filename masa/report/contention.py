@@ -1,0 +1,147 @@
+"""How much longer a task runs beside another: CPU contention read from a run's trace.
+
+This module owns one diagnostic of the simulator's CPU model (docs/bench-contention.md).
+The simulator times an EXEC as its stage's time alone, stretched by one multiplier
+for the part of its work done while another worker runs a task
+(masa.runtime.virtual.DeviceModel.shared_cpu_multiplier). A run's Chrome trace
+(masa.report.report.chrome_trace) says, for every EXEC, how long it took and which
+share of that time another worker spent on an EXEC or a LOAD. Given each stage's time
+alone, the multiplier follows from a regression that the simulator's own model makes
+exact: a task whose work W runs alone for t_alone and beside another for t_beside at
+1/m of its speed has W = t_alone + t_beside / m, so with d = t_alone + t_beside and
+s = t_beside / d,
+
+    1 - W / d = s * (1 - 1 / m),
+
+linear in the shares. Fitted separately for the shares beside an EXEC and beside a
+LOAD (weighted by the stage's time alone, so that long tasks count as long), each
+coefficient c gives a multiplier 1 / (1 - c). Pure: lists of numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ALONE_SHARE = 0.05  # an EXEC that ran beside another task for less than this ran alone
+MIN_ALONE_RUNS = 5  # a stage's time alone is the median of at least this many EXECs
+
+
+@dataclass(frozen=True)
+class TaskSpan:
+    """One task of a trace: its stage, kind ("load" or "exec"), worker and times (us)."""
+
+    network: str
+    stage_id: str
+    kind: str
+    worker: int
+    start_us: int
+    duration_us: int
+
+    @property
+    def stage(self) -> tuple[str, str]:
+        return self.network, self.stage_id
+
+    @property
+    def end_us(self) -> int:
+        return self.start_us + self.duration_us
+
+
+@dataclass(frozen=True)
+class BesideShares:
+    """An EXEC and the shares of its time another worker spent on an EXEC, on a LOAD."""
+
+    task: TaskSpan
+    beside_exec: float
+    beside_load: float
+
+
+@dataclass(frozen=True)
+class ContentionFit:
+    """The multipliers beside an EXEC and beside a LOAD (1.0: no slowdown), the share of
+    the fitted EXECs' time spent beside each, and how many EXECs the fit used."""
+
+    beside_exec: float
+    beside_load: float
+    share_beside_exec: float
+    share_beside_load: float
+    execs: int
+
+
+def task_spans(trace: Mapping | Sequence) -> list[TaskSpan]:
+    """The LOADs and EXECs of a Chrome trace (complete events named "KIND net/stage")."""
+    events = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    spans = []
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") not in ("load", "exec"):
+            continue
+        network, _, stage_id = event["name"].split(" ", 1)[1].partition("/")
+        spans.append(TaskSpan(network, stage_id, event["cat"], int(event["tid"]),
+                              int(event["ts"]), int(event["dur"])))
+    return sorted(spans, key=lambda span: (span.start_us, span.worker))
+
+
+def beside_shares(spans: Sequence[TaskSpan]) -> list[BesideShares]:
+    """Every EXEC with the shares of its time the other workers spent on EXECs and LOADs
+    (a worker runs one task at a time, so its tasks are sorted by their ends too)."""
+    by_worker: dict[int, list[TaskSpan]] = {}
+    for span in spans:
+        by_worker.setdefault(span.worker, []).append(span)
+    ends = {worker: [span.end_us for span in tasks] for worker, tasks in by_worker.items()}
+    shares = []
+    for span in spans:
+        if span.kind != "exec" or span.duration_us <= 0:
+            continue
+        overlap = {"exec": 0, "load": 0}
+        for worker, tasks in by_worker.items():
+            if worker == span.worker:
+                continue
+            index = bisect.bisect_right(ends[worker], span.start_us)
+            while index < len(tasks) and tasks[index].start_us < span.end_us:
+                other = tasks[index]
+                overlap[other.kind] += (min(span.end_us, other.end_us)
+                                        - max(span.start_us, other.start_us))
+                index += 1
+        shares.append(BesideShares(span, overlap["exec"] / span.duration_us,
+                                   overlap["load"] / span.duration_us))
+    return shares
+
+
+def alone_times_us(shares: Iterable[BesideShares]) -> dict[tuple[str, str], float]:
+    """Each stage's EXEC time alone: the median over its EXECs that ran (almost) alone,
+    for the stages with at least MIN_ALONE_RUNS of them."""
+    alone: dict[tuple[str, str], list[int]] = {}
+    for share in shares:
+        if share.beside_exec + share.beside_load < ALONE_SHARE:
+            alone.setdefault(share.task.stage, []).append(share.task.duration_us)
+    return {stage: float(statistics.median(times)) for stage, times in alone.items()
+            if len(times) >= MIN_ALONE_RUNS}
+
+
+def fit_contention(shares: Iterable[BesideShares],
+                   alone_us: Mapping[tuple[str, str], float]) -> ContentionFit | None:
+    """The multipliers beside an EXEC and beside a LOAD that explain the EXECs' times
+    given each stage's time alone (`alone_us`; EXECs of other stages are left out), by
+    weighted least squares on the module's linear form. None without EXECs beside
+    both kinds of task."""
+    rows = [(share.beside_exec, share.beside_load,
+             1 - alone_us[share.task.stage] / share.task.duration_us,
+             alone_us[share.task.stage])
+            for share in shares if share.task.stage in alone_us]
+    if not rows:
+        return None
+    table = np.array(rows, dtype=float)
+    shares_x, stretch_y, weights = table[:, :2], table[:, 2], table[:, 3]
+    if np.any(shares_x.sum(axis=0) <= 0):
+        return None
+    root = np.sqrt(weights)
+    coefficients, *_ = np.linalg.lstsq(shares_x * root[:, None], stretch_y * root, rcond=None)
+    exec_c, load_c = (min(float(c), 0.99) for c in coefficients)
+    share_exec, share_load = (float(np.average(shares_x[:, i], weights=weights))
+                              for i in range(2))
+    return ContentionFit(1 / (1 - exec_c), 1 / (1 - load_c), share_exec, share_load,
+                         len(rows))

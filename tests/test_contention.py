@@ -1,0 +1,72 @@
+"""Contention read from a trace (masa.report.contention) recovers what the simulator charged.
+
+The simulator stretches a task's work by its multiplier while another worker runs a
+task; the trace of a simulated run must give that multiplier back, beside EXECs and
+beside LOADs alike, and 1.0 when nothing is charged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sched_graphs import chain_network, merge
+
+from masa.report.contention import (
+    alone_times_us,
+    beside_shares,
+    fit_contention,
+    task_spans,
+)
+from masa.report.report import chrome_trace
+from masa.runtime.virtual import DeviceModel, simulate_graph
+from masa.sched.taskgraph import TaskGraph
+
+
+def _jobs(seed: int, count: int = 200) -> TaskGraph:
+    """`count` one-stage jobs of one of three networks (different EXEC and LOAD times),
+    arriving at seeded random gaps: some tasks run alone, others side by side."""
+    rng = np.random.default_rng(seed)
+    gaps_us = rng.exponential(500, size=count)
+    networks = rng.integers(0, 3, size=count)
+    return merge([chain_network(job, int(network), [10], load_us=150 + 100 * int(network),
+                                exec_us=200 + 150 * int(network), release_us=int(arrival_us))
+                  for job, (network, arrival_us) in enumerate(
+                      zip(networks, np.cumsum(gaps_us), strict=True))])
+
+
+def _fit(graph: TaskGraph, multiplier: float):
+    device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
+                         stages={}, cold_cache=False, shared_cpu_multiplier=multiplier,
+                         shared_cpu_while_running=True)
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
+    shares = beside_shares(task_spans(chrome_trace(graph, result.schedule, workers=2)))
+    alone = alone_times_us(shares)
+    return alone, fit_contention(shares, alone)
+
+
+@pytest.mark.parametrize("multiplier", [1.0, 1.146, 1.5])
+def test_the_multiplier_the_simulator_charged_is_read_back_from_its_trace(multiplier) -> None:
+    graph = _jobs(seed=7)
+    alone, fit = _fit(graph, multiplier)
+    # every stage ran alone often enough to know its time alone: its profiled time
+    assert alone == {(f"n{n}", "s0"): 200 + 150 * n for n in range(3)}
+    assert fit is not None and fit.execs == 200
+    assert 0.1 < fit.share_beside_exec and 0.1 < fit.share_beside_load
+    assert fit.beside_exec == pytest.approx(multiplier, abs=0.01)
+    assert fit.beside_load == pytest.approx(multiplier, abs=0.01)
+
+
+def test_shares_count_only_the_other_workers_time_within_the_exec() -> None:
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "exec", "name": "EXEC a/s0", "tid": 0, "ts": 100, "dur": 100},
+        {"ph": "X", "cat": "load", "name": "LOAD b/s0", "tid": 1, "ts": 50, "dur": 75},
+        {"ph": "X", "cat": "exec", "name": "EXEC b/s0", "tid": 1, "ts": 150, "dur": 100},
+        {"ph": "X", "cat": "exec", "name": "EXEC a/s1", "tid": 0, "ts": 200, "dur": 10},
+        {"ph": "C", "name": "memory (MiB)", "ts": 0},
+    ]}
+    shares = {share.task.stage: share for share in beside_shares(task_spans(trace))}
+    # a/s0 [100, 200): LOAD b [50, 125) for 25 us, EXEC b [150, 250) for 50 us
+    assert (shares["a", "s0"].beside_exec, shares["a", "s0"].beside_load) == (0.5, 0.25)
+    # b/s0 [150, 250): a/s0 until 200, a/s1 [200, 210): 60 of its 100 us
+    assert (shares["b", "s0"].beside_exec, shares["b", "s0"].beside_load) == (0.6, 0.0)
+    assert (shares["a", "s1"].beside_exec, shares["a", "s1"].beside_load) == (1.0, 0.0)
