@@ -52,8 +52,26 @@ def test_the_multiplier_the_simulator_charged_is_read_back_from_its_trace(multip
     assert alone == {(f"n{n}", "s0"): 200 + 150 * n for n in range(3)}
     assert fit is not None and fit.execs == 200
     assert 0.1 < fit.share_beside_exec and 0.1 < fit.share_beside_load
+    assert fit.alone == pytest.approx(1.0, abs=0.01)
     assert fit.beside_exec == pytest.approx(multiplier, abs=0.01)
     assert fit.beside_load == pytest.approx(multiplier, abs=0.01)
+
+
+def test_a_run_slower_alone_too_is_told_apart_from_contention() -> None:
+    """Against another run's times alone (Bulk's, in the benchmark), a run whose every
+    task is 10% slower shows a multiplier alone of 1.1 and the charged one beside."""
+    graph = _jobs(seed=7)
+    reference, _ = _fit(graph, 1.0)
+    device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
+                         stages={}, cold_cache=False, cpu_factor=1.1, shared_cpu_multiplier=1.3,
+                         shared_cpu_while_running=True)
+    slower = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
+    fit = fit_contention(beside_shares(task_spans(chrome_trace(graph, slower.schedule,
+                                                               workers=2))), reference)
+    assert fit is not None
+    assert fit.alone == pytest.approx(1.1, abs=0.01)
+    assert fit.beside_exec == pytest.approx(1.3, abs=0.02)
+    assert fit.beside_load == pytest.approx(1.3, abs=0.02)
 
 
 def test_shares_count_only_the_other_workers_time_within_the_exec() -> None:

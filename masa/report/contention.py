@@ -13,9 +13,16 @@ s = t_beside / d,
 
     1 - W / d = s * (1 - 1 / m),
 
-linear in the shares. Fitted separately for the shares beside an EXEC and beside a
-LOAD (weighted by the stage's time alone, so that long tasks count as long), each
-coefficient c gives a multiplier 1 / (1 - c). Pure: lists of numbers in, numbers out.
+linear in the shares. The times alone may come from another run (Bulk's, whose
+EXECs run alone) in which every EXEC ran a times faster; then W is a times the
+reference and
+
+    1 - W_ref / d = (1 - 1 / a) + s * (1 - 1 / m) / a.
+
+Fitted with a share beside an EXEC and a share beside a LOAD, weighted by the
+stage's time alone (long tasks count as long): the constant c0 gives a = 1 / (1 - c0)
+and each share's coefficient c gives m = 1 / (1 - c / (1 - c0)).
+Pure: lists of numbers in, numbers out.
 """
 
 from __future__ import annotations
@@ -62,9 +69,11 @@ class BesideShares:
 
 @dataclass(frozen=True)
 class ContentionFit:
-    """The multipliers beside an EXEC and beside a LOAD (1.0: no slowdown), the share of
-    the fitted EXECs' time spent beside each, and how many EXECs the fit used."""
+    """The multipliers beside an EXEC and beside a LOAD (1.0: no slowdown) and of every
+    EXEC alike (`alone`: against the times alone the fit was given), the share of the
+    fitted EXECs' time spent beside each kind of task, and how many EXECs it used."""
 
+    alone: float
     beside_exec: float
     beside_load: float
     share_beside_exec: float
@@ -124,10 +133,10 @@ def alone_times_us(shares: Iterable[BesideShares]) -> dict[tuple[str, str], floa
 
 def fit_contention(shares: Iterable[BesideShares],
                    alone_us: Mapping[tuple[str, str], float]) -> ContentionFit | None:
-    """The multipliers beside an EXEC and beside a LOAD that explain the EXECs' times
-    given each stage's time alone (`alone_us`; EXECs of other stages are left out), by
-    weighted least squares on the module's linear form. None without EXECs beside
-    both kinds of task."""
+    """The multipliers (alone, beside an EXEC, beside a LOAD) that explain the EXECs'
+    times given each stage's time alone (`alone_us`; EXECs of other stages are left
+    out), by weighted least squares on the module's linear form. None without EXECs
+    beside both kinds of task."""
     rows = [(share.beside_exec, share.beside_load,
              1 - alone_us[share.task.stage] / share.task.duration_us,
              alone_us[share.task.stage])
@@ -139,9 +148,11 @@ def fit_contention(shares: Iterable[BesideShares],
     if np.any(shares_x.sum(axis=0) <= 0):
         return None
     root = np.sqrt(weights)
-    coefficients, *_ = np.linalg.lstsq(shares_x * root[:, None], stretch_y * root, rcond=None)
-    exec_c, load_c = (min(float(c), 0.99) for c in coefficients)
+    design = np.column_stack([np.ones(len(rows)), shares_x])
+    coefficients, *_ = np.linalg.lstsq(design * root[:, None], stretch_y * root, rcond=None)
+    alone_c = min(float(coefficients[0]), 0.99)
+    exec_c, load_c = (min(float(c) / (1 - alone_c), 0.99) for c in coefficients[1:])
     share_exec, share_load = (float(np.average(shares_x[:, i], weights=weights))
                               for i in range(2))
-    return ContentionFit(1 / (1 - exec_c), 1 / (1 - load_c), share_exec, share_load,
-                         len(rows))
+    return ContentionFit(1 / (1 - alone_c), 1 / (1 - exec_c), 1 / (1 - load_c), share_exec,
+                         share_load, len(rows))
