@@ -18,8 +18,8 @@ calibrated simulation of the same run writes its trace too. From each trace
     python benchmarks/bench_contention.py --doc-only   # re-render from the JSON
 
 Needs root and cgroups (masa.runtime.emulation), as bench_device.py. Writes
-docs/bench-data/contention.json (one entry per cell, replaced when run again: the
-runs' figures and the analysis; the traces themselves are not kept) and
+docs/bench-data/contention.json (one entry per invocation, appended: the runs'
+figures and the analysis; the traces themselves are not kept) and
 docs/bench-contention.md.
 """
 
@@ -196,7 +196,7 @@ def render(entries: Sequence[dict[str, Any]]) -> str:
 
 def _cell_lines(entry: dict[str, Any]) -> list[str]:
     runs, found = entry["runs"], entry
-    lines = [f"## {entry['cell']}", "",
+    lines = [f"## {entry['cell']}, {runs[0]['started'][:16].replace('T', ' ')} UTC", "",
              "Runs: " + "; ".join(
                  f"{run['policy']} on {run['commit']} ({run['started']}, load "
                  f"{run['load_before']}, host {run['host_cpu_scale'][0]:.3f}-"
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin = device_bench.pinned_stores(args)
         entry = trace_cell(cells[args.cell], ["bulk"] + [p for p in args.policies
                                                          if p != "bulk"], args, pin)
-        entries = [e for e in entries if e["cell"] != args.cell] + [entry]
+        entries.append(entry)
         atomic_write_text(DATA, json.dumps(entries) + "\n")
     if not entries:
         parser.error(f"{DATA}: no traced cell yet (run without --doc-only, as root)")
