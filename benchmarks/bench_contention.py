@@ -156,7 +156,7 @@ def analyse(shares: dict[str, dict[str, list[BesideShares]]],
 
 
 ANALYSIS = """\
-## Reading (written 2026-11-28 from the three traced cells above; not regenerated)
+## Reading (written 2026-11-28 from the four traced cells above; not regenerated)
 
 - **Every EXEC is a first run, and the profile times warm ones.** The profiler
   reports the median of warm runs of a session (model_prep/profile_worker.py); a Masa,
@@ -171,35 +171,37 @@ ANALYSIS = """\
   right for Bulk (its per-network EXEC ratios above: within 5%) and each stage's share
   of it is not; what a stage costs depends on where in the run it falls.
 - **DeepEye's EXECs beside another task cost about what the simulator charges.**
-  Against Bulk's times alone, DeepEye's EXECs ran 1.02-1.06x alone, 1.17-1.18x
-  beside another worker's EXEC and 1.03-1.11x beside a LOAD, in all three traces;
-  the simulator charges 1.146x beside either. The 10-12% by which DeepEye's
-  per-network EXEC ratios exceed the simulated ones in light is not a multiplier
-  beside EXECs set too low.
-- **Masa's EXECs are slower across the board, alone too, by an amount that moves
-  from run to run.** Against Bulk's times alone, Masa's EXECs ran 1.28x and 1.10x
-  alone in the two light traces (means 5.2 and 2.9 s: the same jobs) and 1.37x in
-  mixed, while beside another task they took no longer again (0.79-1.06x). Nothing
-  in the task-to-task model explains a slowdown that does not depend on what the
-  other worker runs; what Masa runs that Bulk does not is more work on the
-  executor's own thread per task (its decisions, the page-cache probe, the
-  reconciliation with measured memory), which takes a core from the workers. The
-  simulator charges 0.5 ms per task of dispatch (fitted on Bulk) and counts a worker
-  in that time as running, so its multiplier also applies beside it: read back from
-  the simulated traces, that shows as 1.14x alone for Masa in mixed (the check of the
-  method is exact only without dispatch time). Measuring the executor thread's CPU per
-  task and policy, and charging it as a third consumer of the two cores, is the
-  next step; it is not built.
+  Against Bulk's times alone, DeepEye's EXECs ran 1.02-1.06x alone, 1.17-1.22x
+  beside another worker's EXEC and 1.03-1.12x beside a LOAD, in all four traces;
+  the simulator charges 1.146x beside either. The 7-11% by which DeepEye's
+  per-network EXEC ratios exceed the simulated ones in light is not mainly a
+  multiplier beside EXECs set too low.
+- **Masa's EXECs are slower across the board, alone too, and the extra time is
+  waiting, not work.** Against Bulk's times alone, Masa's EXECs ran 1.10-1.28x alone
+  in the three light traces (means 2.9-5.2 s: the same jobs) and 1.37x in mixed,
+  while beside another task they took no longer again (0.79-1.06x): a slowdown that
+  does not depend on what the other worker runs. The three policies' processes
+  used the same CPU time (the third light trace: Bulk 81.3 s, Masa 82.6 s, DeepEye
+  81.2 s, 30-31 s of it in the kernel; by hand the same day 80.9, 79.7 and 78.1 s),
+  while Masa's tasks ran 95.9 s against Bulk's 87.4 s (by hand 92.4 against 87.5).
+  Masa's tasks wait: for a core (the executor's thread is a third on two), or in the
+  kernel (mapping, locking and unmapping stage files takes the process's memory-map
+  lock, which a first run's page faults need); this benchmark does not tell those
+  apart (per-thread run-queue time, /proc/thread-self/schedstat, would). The
+  simulator charges 0.5 ms per task of dispatch (fitted on Bulk) and counts a
+  worker in that time as running, so its multiplier also applies beside it: read
+  back from the simulated traces, that shows as up to 1.14x alone for Masa (the
+  check of the method is exact only without dispatch time).
 - **Runs of the same jobs do not repeat within 30% in light.** Traced or recorded,
-  Masa took 2.2-5.2 s over twelve runs of the light cell (recorded in
+  Masa took 2.2-5.2 s over fourteen runs of the light cell (recorded in
   bench-device.jsonl 2.7, 2.2, 2.2, 3.4; traced on 2026-11-28, by hand and above,
-  2.6, 3.1, 5.2, 4.2, 4.3, 4.4, 3.8, 2.9, the 4.3 and 3.8 s runs with the
+  2.6, 3.1, 5.2, 4.2, 4.3, 4.4, 3.8, 2.9, 3.1, 3.8, the 4.3 and 3.8 s runs with the
   interpreter's switch interval at 0.5 ms instead of 5, which changed nothing
-  measurable) and DeepEye 3.1-6.9 s over eight (recorded 3.1, 4.3, 4.2, 5.3; traced
-  6.9, 3.7, 6.4, 4.5); simulated 1.8-2.1 s. No one figure is within 30% of every
-  run of either policy there. Both policies' conv work runs near saturation there, so the
-  mean is set by how fast the cold start's backlog drains, and a few percent of CPU
-  moves it by half.
+  measurable) and DeepEye 3.1-6.9 s over ten (recorded 3.1, 4.3, 4.2, 5.3; traced
+  6.9, 3.7, 6.4, 4.5, 3.8, 5.3); simulated 1.8-2.1 s. No one figure is within 30% of
+  every run of either policy there: its conv work runs near saturation, so the mean
+  is set by how fast the cold start's backlog drains, and a few percent of CPU moves
+  it by half.
 """
 
 

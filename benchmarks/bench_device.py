@@ -2639,7 +2639,25 @@ simulating recorded cells again with every task's time scaled
   13.8-14.8 s) and leaves Masa and Bulk there unchanged, but not spiral as the
   real run does (its reservations grew to 807 MiB as FaceNet's and MemNet's
   conv outputs waited for their fc stages, 614 MiB simulated), so the base
-  stays as measured before the first job."""
+  stays as measured before the first job.
+- **The light cell, task by task** (2026-11-28; `benchmarks/bench_contention.py`,
+  docs/bench-contention.md). Run a fourth time (067f9ca), the light cell moved
+  again: Masa 3.4 s (before 2.2-2.7), DeepEye 5.3 s (3.1-4.3), Bulk 13.1 s
+  (10.0-12.2), simulated 2.0, 2.1 and 10.5 s, so Masa's mean over its four runs is
+  now 31% above the simulation's, a fifth miss. Traced runs of the same jobs the
+  same day took 2.6-5.2 s under Masa (ten) and 3.7-6.9 s under DeepEye (six): no
+  one figure is within 30% of every run of either policy in this cell, as in small at
+  512 MiB / 0.7 (Masa 0.9-3.1 s over six runs) and in heavy (DeepEye 9.4-275.7 s
+  over five). The traces show where the simulator's CPU model is coarse: every EXEC
+  is a session's first run while the profile times warm runs (alone, a network's
+  first stage takes about 1.5x its profiled time, the largest fc stages 0.6-0.7x:
+  one factor per network gets each network's total right and each stage's share
+  wrong); DeepEye's EXECs beside another task cost about what the simulator charges
+  (1.17-1.22x beside an EXEC, 1.03-1.12x beside a LOAD, against its 1.146x); and
+  Masa's EXECs are slower across the board, alone too (1.10-1.37x Bulk's times
+  alone), with the same CPU time as Bulk's run: they wait (for a core, or for the
+  kernel's memory-map lock that mapping, locking and unmapping stage files take),
+  which the simulator does not model."""
 
 
 
