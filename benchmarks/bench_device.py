@@ -2643,12 +2643,13 @@ simulating recorded cells again with every task's time scaled
 - **The light cell, task by task** (2026-11-28; `benchmarks/bench_contention.py`,
   docs/bench-contention.md). Run a fourth time (067f9ca), the light cell moved
   again: Masa 3.4 s (before 2.2-2.7), DeepEye 5.3 s (3.1-4.3), Bulk 13.1 s
-  (10.0-12.2), simulated 2.0, 2.1 and 10.5 s, so Masa's mean over its four runs is
-  now 31% above the simulation's, a fifth miss. Traced runs of the same jobs the
+  (10.0-12.2), simulated 2.0, 2.1 and 10.5 s, so the simulated mean of Masa's four
+  runs is now 31% below the real one, a fifth miss. Traced runs of the same jobs the
   same day took 2.6-5.2 s under Masa (ten) and 3.7-6.9 s under DeepEye (six): no
   one figure is within 30% of every run of either policy in this cell, as in small at
-  512 MiB / 0.7 (Masa 0.9-3.1 s over six runs) and in heavy (DeepEye 9.4-275.7 s
-  over five). The traces show where the simulator's CPU model is coarse: every EXEC
+  0.7 (Masa 0.9-3.1 s over six runs of the same jobs at 512 MiB-2 GiB) and in heavy
+  (DeepEye 9.4 s beside Masa's kept stages, 109.6-275.7 s in the four other runs on
+  the pinned profile). The traces show where the simulator's CPU model is coarse: every EXEC
   is a session's first run while the profile times warm runs (alone, a network's
   first stage takes about 1.5x its profiled time, the largest fc stages 0.6-0.7x:
   one factor per network gets each network's total right and each stage's share
