@@ -12,7 +12,11 @@ calibrated simulation of the same run writes its trace too. From each trace
   session, the scheduler runs every loaded stage once, on a fresh session;
 - the multipliers beside another worker's EXEC and beside its LOAD that explain the
   EXECs' times given those times alone (Bulk's trace gives them: its EXECs run
-  alone), next to the simulator's, read back from its own trace the same way.
+  alone), next to the simulator's, read back from its own trace the same way;
+- the run's CPU time (user and system) against the time its tasks ran, and each of
+  its threads' time on a CPU and waiting for one (the kernel's schedstat, sampled
+  while it runs): whether a task that takes longer than its work was waiting for a
+  core.
 
     sudo python benchmarks/bench_contention.py [--cell 'light|1024MiB|rho0.7|60s|w2|wait']
     python benchmarks/bench_contention.py --doc-only   # re-render from the JSON
@@ -30,6 +34,7 @@ import json
 import os
 import resource
 import tempfile
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +58,7 @@ DATA = ROOT / "docs" / "bench-data" / "contention.json"
 DOC = ROOT / "docs" / "bench-contention.md"
 DEFAULT_CELL = "light|1024MiB|rho0.7|60s|w2|wait"
 POLICIES = ("bulk", "masa", "deepeye")  # Bulk first: its EXECs alone are the reference
+SAMPLE_S = 0.2  # how often ThreadTimes reads the threads' schedstat
 MIN_PROFILED_US = 300  # shorter stages (a last fc of a few us) say more about timers
 
 
@@ -94,7 +100,8 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     load_before, probe_before = os.getloadavg()[0], device_bench.host_cpu_scale(store)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = run_emulated(check_emulation(device, store), spec)
+    with ThreadTimes() as thread_times:
+        run = run_emulated(check_emulation(device, store), spec)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if run.status != "finished":
         raise SystemExit(f"{cell.key} {policy}: the real run {run.status} ({run.reason})")
@@ -117,6 +124,7 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     # system, against the time its tasks were running (their trace's spans).
     sides["real"]["cpu_user_s"] = round(children_after.ru_utime - children_before.ru_utime, 2)
     sides["real"]["cpu_system_s"] = round(children_after.ru_stime - children_before.ru_stime, 2)
+    sides["real"]["threads"] = thread_times.totals()
     print(f"{cell.key} {policy}: mean response real {sides['real']['mean_ms']} ms, "
           f"simulated {sides['simulated']['mean_ms']} ms", flush=True)
     spans = {side: task_spans(json.loads(Path(path).read_text()))
@@ -127,6 +135,59 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     return ({"policy": policy, "commit": device_bench._commit(),
              "started": started, "load_before": round(load_before, 2), "host_cpu_scale": probes,
              "sides": sides}, shares)
+
+
+class ThreadTimes:
+    """While a `with` block runs: every thread of this process's children, its time on a
+    CPU and its time runnable but waiting for one (the kernel's schedstat, ns), sampled
+    every SAMPLE_S: a thread's last sample counts (it may have run a little after it)."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, tid) -> (run, wait)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ThreadTimes:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        parent = os.getpid()
+        while not self._stop.wait(SAMPLE_S):
+            for pid in _children(parent):
+                for task in Path(f"/proc/{pid}/task").glob("*"):
+                    try:
+                        run_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
+                    except (OSError, ValueError):
+                        continue  # the thread or the process ended meanwhile
+                    self.last[pid, int(task.name)] = (int(run_ns), int(wait_ns))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds on a CPU and waiting for one, over every thread, and the same for
+        the two threads that ran longest (the workers: their EXECs and LOADs)."""
+        times = sorted(self.last.values(), reverse=True)
+        return {"run_s": round(sum(t[0] for t in times) / 1e9, 2),
+                "wait_s": round(sum(t[1] for t in times) / 1e9, 2),
+                "busiest_two_run_s": round(sum(t[0] for t in times[:2]) / 1e9, 2),
+                "busiest_two_wait_s": round(sum(t[1] for t in times[:2]) / 1e9, 2),
+                "threads": len(times)}
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (the emulated run's child)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
@@ -263,9 +324,13 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
 
 def _cpu(run: dict[str, Any]) -> str:
     real, simulated = run["sides"]["real"], run["sides"]["simulated"]
+    threads = real.get("threads")
+    waits = (f"; its threads on a CPU {threads['run_s']:.1f} s and waiting for one "
+             f"{threads['wait_s']:.1f} s, the two busiest {threads['busiest_two_run_s']:.1f} "
+             f"and {threads['busiest_two_wait_s']:.1f} s" if threads else "")
     return (f"{run['policy']} {real['cpu_user_s'] + real['cpu_system_s']:.1f} s "
             f"({real['cpu_system_s']:.1f} s system), its tasks running {real['task_s']:.1f} s "
-            f"(simulated {simulated['task_s']:.1f} s)")
+            f"(simulated {simulated['task_s']:.1f} s){waits}")
 
 
 def _when(run: dict[str, Any], say: bool = False) -> str:
