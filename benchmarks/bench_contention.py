@@ -217,52 +217,60 @@ def analyse(shares: dict[str, dict[str, list[BesideShares]]],
 
 
 ANALYSIS = """\
-## Reading (written 2026-11-28 from the four traced cells above; not regenerated)
+## Reading (written 2026-11-28 from the five traced cells above; not regenerated)
 
 - **Every EXEC is a first run, and the profile times warm ones.** The profiler
-  reports the median of warm runs of a session (model_prep/profile_worker.py); a Masa,
-  Bulk or DeepEye run loads a stage and runs it once. Alone, in Bulk's runs, the
-  first stage of AgeNet, GenderNet and FaceNet (the 227x227 image in, large
+  reports the median of warm runs of a session (model_prep/profile_worker.py); a
+  Masa, Bulk or DeepEye run loads a stage and runs it once. Alone, in Bulk's runs,
+  the first stage of AgeNet, GenderNet and FaceNet (the 227x227 image in, large
   activations out) takes 1.43-1.61x its profiled time and the mid-sized fc stages
   whose weights are mapped (AgeNet's and GenderNet's s003, 37 MiB; FaceNet's s006,
   64 MiB) 1.22-1.55x, while the other convolutions take 0.83-1.13x and the largest
   fc stages 0.61-0.69x (FaceNet's s005, 144 MiB mapped; EmotionNet's s005). The
-  simulator
-  charges one factor per network, fitted on Bulk's runs, so each network's total is
-  right for Bulk (its per-network EXEC ratios above: within 5%) and each stage's share
-  of it is not; what a stage costs depends on where in the run it falls.
+  simulator charges one factor per network, fitted on Bulk's runs, so each network's
+  total is right for Bulk (its per-network EXEC ratios above: within 5%, but on the
+  slower host of the fifth trace) and each stage's share of it is not; what a stage
+  costs depends on where in the run it falls.
 - **DeepEye's EXECs beside another task cost about what the simulator charges.**
-  Against Bulk's times alone, DeepEye's EXECs ran 1.02-1.06x alone, 1.17-1.22x
-  beside another worker's EXEC and 1.03-1.12x beside a LOAD, in all four traces;
-  the simulator charges 1.146x beside either. The 7-11% by which DeepEye's
-  per-network EXEC ratios exceed the simulated ones in light is not mainly a
-  multiplier beside EXECs set too low.
+  Against Bulk's times alone, DeepEye's EXECs ran 0.98-1.06x alone, 1.14-1.22x
+  beside another worker's EXEC and 1.02-1.12x beside a LOAD, in all five traces; the
+  simulator charges 1.146x beside either. The 7-12% by which DeepEye's per-network
+  EXEC ratios exceed the simulated ones in light is not mainly a multiplier beside
+  EXECs set too low.
 - **Masa's EXECs are slower across the board, alone too, and the extra time is
   waiting, not work.** Against Bulk's times alone, Masa's EXECs ran 1.10-1.28x alone
-  in the three light traces (means 2.9-5.2 s: the same jobs) and 1.37x in mixed,
+  in the four light traces (means 2.9-7.7 s: the same jobs) and 1.37x in mixed,
   while beside another task they took no longer again (0.79-1.06x): a slowdown that
-  does not depend on what the other worker runs. The three policies' processes
-  used the same CPU time (the third light trace: Bulk 81.3 s, Masa 82.6 s, DeepEye
-  81.2 s, 30-31 s of it in the kernel; by hand the same day 80.9, 79.7 and 78.1 s),
-  while Masa's tasks ran 95.9 s against Bulk's 87.4 s (by hand 92.4 against 87.5).
-  Masa's tasks wait: for a core (the executor's thread is a third on two), or in the
-  kernel (mapping, locking and unmapping stage files takes the process's memory-map
-  lock, which a first run's page faults need); this benchmark does not tell those
-  apart (per-thread run-queue time, /proc/thread-self/schedstat, would). The
-  simulator charges 0.5 ms per task of dispatch (fitted on Bulk) and counts a
-  worker in that time as running, so its multiplier also applies beside it: read
-  back from the simulated traces, that shows as up to 1.14x alone for Masa (the
-  check of the method is exact only without dispatch time).
+  does not depend on what the other worker runs. The three policies' processes used
+  the same CPU time (the third light trace: Bulk 81.3 s, Masa 82.6 s, DeepEye 81.2
+  s, 30-31 s of it in the kernel; by hand the same day 80.9, 79.7 and 78.1 s), while
+  Masa's tasks ran 95.9 s against Bulk's 87.4 s (by hand 92.4 against 87.5). Masa's
+  tasks wait, and the fifth trace (each thread's schedstat, sampled while the run
+  went on) says mostly for a core: Masa's two busiest threads (the workers) waited
+  16.9 s for a CPU, against Bulk's 4.2 s and DeepEye's 11.4 s, while Masa's other
+  threads ran 25.0 s on one, against Bulk's 18.1 s and DeepEye's 21.7 s. The
+  process's other threads are the executor's loop, its memory sampler (every 2 ms
+  while a task runs, under every policy) and, under Masa only, the planner's
+  background search (masa.runtime.planning.ThreadPlanner); the kernel does not name
+  them, so how the 25.0 s divide among them is not measured. Whichever it is, it
+  takes a core from the workers whenever both are busy. The host was slower during
+  that trace (Bulk took 18.9 s, its EXECs 1.15-1.33x their profiled time where the
+  earlier traces had 0.98-1.24x), so its means are not comparable with the others',
+  but within it the order is clear. The simulator has no CPU consumer but the tasks;
+  it charges 0.5 ms per task of dispatch (fitted on Bulk) and counts a worker in
+  that time as running, so its multiplier also applies beside it: read back from the
+  simulated traces, that shows as up to 1.14x alone for Masa (the check of the
+  method is exact only without dispatch time).
 - **Runs of the same jobs do not repeat within 30% in light.** Traced or recorded,
-  Masa took 2.2-5.2 s over fourteen runs of the light cell (recorded in
+  Masa took 2.2-7.7 s over fifteen runs of the light cell (recorded in
   bench-device.jsonl 2.7, 2.2, 2.2, 3.4; traced on 2026-11-28, by hand and above,
   2.6, 3.1, 5.2, 4.2, 4.3, 4.4, 3.8, 2.9, 3.1, 3.8, the 4.3 and 3.8 s runs with the
   interpreter's switch interval at 0.5 ms instead of 5, which changed nothing
-  measurable) and DeepEye 3.1-6.9 s over ten (recorded 3.1, 4.3, 4.2, 5.3; traced
-  6.9, 3.7, 6.4, 4.5, 3.8, 5.3); simulated 1.8-2.1 s. No one figure is within 30% of
-  every run of either policy there: its conv work runs near saturation, so the mean
-  is set by how fast the cold start's backlog drains, and a few percent of CPU moves
-  it by half.
+  measurable, and 7.7 s in the fifth trace) and DeepEye 3.1-6.9 s over eleven
+  (recorded 3.1, 4.3, 4.2, 5.3; traced 6.9, 3.7, 6.4, 4.5, 3.8, 5.3, 6.2); simulated
+  1.8-2.1 s. No one figure is within 30% of every run of either policy there: its
+  conv work runs near saturation, so the mean is set by how fast the cold start's
+  backlog drains, and a few percent of CPU moves it by half.
 """
 
 

@@ -2645,7 +2645,7 @@ simulating recorded cells again with every task's time scaled
   again: Masa 3.4 s (before 2.2-2.7), DeepEye 5.3 s (3.1-4.3), Bulk 13.1 s
   (10.0-12.2), simulated 2.0, 2.1 and 10.5 s, so the simulated mean of Masa's four
   runs is now 31% below the real one, a fifth miss. Traced runs of the same jobs the
-  same day took 2.6-5.2 s under Masa (ten) and 3.7-6.9 s under DeepEye (six): no
+  same day took 2.6-7.7 s under Masa (eleven) and 3.7-6.9 s under DeepEye (seven): no
   one figure is within 30% of every run of either policy in this cell, as in small at
   0.7 (Masa 0.9-3.1 s over six runs of the same jobs at 512 MiB-2 GiB) and in heavy
   (DeepEye 9.4 s beside Masa's kept stages, 109.6-275.7 s in the four other runs on
@@ -2656,9 +2656,11 @@ simulating recorded cells again with every task's time scaled
   wrong); DeepEye's EXECs beside another task cost about what the simulator charges
   (1.17-1.22x beside an EXEC, 1.03-1.12x beside a LOAD, against its 1.146x); and
   Masa's EXECs are slower across the board, alone too (1.10-1.37x Bulk's times
-  alone), with the same CPU time as Bulk's run: they wait (for a core, or for the
-  kernel's memory-map lock that mapping, locking and unmapping stage files take),
-  which the simulator does not model."""
+  alone), with the same CPU time as Bulk's run: they wait, mostly for a core (in
+  the trace that sampled each thread's schedstat, Masa's workers waited 16.9 s for
+  one against Bulk's 4.2 s, while Masa's other threads, the executor's loop, its
+  memory sampler and the planner's background search, ran 25.0 s against 18.1 s),
+  a consumer of the cores the simulator does not model."""
 
 
 
