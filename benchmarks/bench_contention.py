@@ -249,18 +249,21 @@ ANALYSIS = """\
   went on) says mostly for a core: Masa's two busiest threads (the workers) waited
   16.9 s for a CPU, against Bulk's 4.2 s and DeepEye's 11.4 s, while Masa's other
   threads ran 25.0 s on one, against Bulk's 18.1 s and DeepEye's 21.7 s. The
-  process's other threads are the executor's loop, its memory sampler (every 2 ms
-  while a task runs, under every policy) and, under Masa only, the planner's
-  background search (masa.runtime.planning.ThreadPlanner); the kernel does not name
-  them, so how the 25.0 s divide among them is not measured. Whichever it is, it
-  takes a core from the workers whenever both are busy. The host was slower during
-  that trace (Bulk took 18.9 s, its EXECs 1.15-1.33x their profiled time where the
-  earlier traces had 0.98-1.24x), so its means are not comparable with the others',
-  but within it the order is clear. The simulator has no CPU consumer but the tasks;
-  it charges 0.5 ms per task of dispatch (fitted on Bulk) and counts a worker in
-  that time as running, so its multiplier also applies beside it: read back from the
-  simulated traces, that shows as up to 1.14x alone for Masa (the check of the
-  method is exact only without dispatch time).
+  process's other threads are the executor's loop (its decisions; Masa's probe the
+  page cache and weigh kept stages), its memory sampler (every 2 ms while a task
+  runs, under every policy) and, under Masa, the planner's background search, which
+  in a run of the same jobs searched one batch plan and reused it 79 times (its
+  report's policy_stats), so it is not the difference; the kernel does not name the
+  threads, so how the 25.0 s divide between the loop and the sampler is not
+  measured. Whichever it is, it takes a core from the workers whenever both are
+  busy. The host was slower during that trace (Bulk took 18.9 s, its EXECs
+  1.15-1.33x their profiled time where the earlier traces had 0.98-1.24x), so its
+  means are not comparable with the others', but within it the order is clear. The
+  simulator has no CPU consumer but the tasks; it charges 0.5 ms per task of
+  dispatch (fitted on Bulk) and counts a worker in that time as running, so its
+  multiplier also applies beside it: read back from the simulated traces, that shows
+  as up to 1.14x alone for Masa (the check of the method is exact only without
+  dispatch time).
 - **Runs of the same jobs do not repeat within 30% in light.** Traced or recorded,
   Masa took 2.2-7.7 s over fifteen runs of the light cell (recorded in
   bench-device.jsonl 2.7, 2.2, 2.2, 3.4; traced on 2026-11-28, by hand and above,

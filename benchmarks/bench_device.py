@@ -2658,8 +2658,8 @@ simulating recorded cells again with every task's time scaled
   Masa's EXECs are slower across the board, alone too (1.10-1.37x Bulk's times
   alone), with the same CPU time as Bulk's run: they wait, mostly for a core (in
   the trace that sampled each thread's schedstat, Masa's workers waited 16.9 s for
-  one against Bulk's 4.2 s, while Masa's other threads, the executor's loop, its
-  memory sampler and the planner's background search, ran 25.0 s against 18.1 s),
+  one against Bulk's 4.2 s, while Masa's other threads, the executor's loop and its
+  memory sampler, ran 25.0 s against 18.1 s; the planner searched once),
   a consumer of the cores the simulator does not model."""
 
 
