@@ -120,8 +120,9 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     simulated = device_bench.simulated_device_report(prepared, settings, model, device, meta,
                                                      trace_path=sim_trace)
     sides = {"real": _figures(real), "simulated": _figures(simulated)}
-    # The run's child is the only child that ended meanwhile: its CPU time, user and
-    # system, against the time its tasks were running (their trace's spans).
+    # The children that ended meanwhile: the run's child (and whatever short command
+    # the emulation's checks ran): their CPU time, user and system, against the time
+    # the run's tasks were running (their trace's spans).
     sides["real"]["cpu_user_s"] = round(children_after.ru_utime - children_before.ru_utime, 2)
     sides["real"]["cpu_system_s"] = round(children_after.ru_stime - children_before.ru_stime, 2)
     sides["real"]["threads"] = thread_times.totals()
