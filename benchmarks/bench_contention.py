@@ -144,7 +144,8 @@ class ThreadTimes:
     every SAMPLE_S: a thread's last sample counts (it may have run a little after it)."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, tid) -> (run, wait)
+        # (pid, tid) -> (its name in the kernel, ns on a CPU, ns waiting for one)
+        self.last: dict[tuple[int, int], tuple[str, int, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -163,19 +164,30 @@ class ThreadTimes:
                 for task in Path(f"/proc/{pid}/task").glob("*"):
                     try:
                         run_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
+                        name = (task / "comm").read_text().strip()
                     except (OSError, ValueError):
                         continue  # the thread or the process ended meanwhile
-                    self.last[pid, int(task.name)] = (int(run_ns), int(wait_ns))
+                    self.last[pid, int(task.name)] = (name, int(run_ns), int(wait_ns))
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[str, Any]:
         """Seconds on a CPU and waiting for one, over every thread, and the same for
-        the two threads that ran longest (the workers: their EXECs and LOADs)."""
-        times = sorted(self.last.values(), reverse=True)
+        the two threads that ran longest (the workers: their EXECs and LOADs) and per
+        thread name (masa.runtime.threads names its workers, memory sampler and
+        planner; the executor's loop keeps the process's name), workers together."""
+        times = sorted(((run, wait) for _, run, wait in self.last.values()), reverse=True)
+        by_name: dict[str, list[float]] = {}
+        for name, run_ns, wait_ns in self.last.values():
+            group = "masa-worker" if name.startswith("masa-worker") else name
+            found = by_name.setdefault(group, [0.0, 0.0])
+            found[0] += run_ns / 1e9
+            found[1] += wait_ns / 1e9
         return {"run_s": round(sum(t[0] for t in times) / 1e9, 2),
                 "wait_s": round(sum(t[1] for t in times) / 1e9, 2),
                 "busiest_two_run_s": round(sum(t[0] for t in times[:2]) / 1e9, 2),
                 "busiest_two_wait_s": round(sum(t[1] for t in times[:2]) / 1e9, 2),
-                "threads": len(times)}
+                "threads": len(times),
+                "by_name": {name: [round(run, 2), round(wait, 2)]
+                            for name, (run, wait) in sorted(by_name.items())}}
 
 
 def _children(parent: int) -> list[int]:
@@ -340,6 +352,9 @@ def _cpu(run: dict[str, Any]) -> str:
     waits = (f"; its threads on a CPU {threads['run_s']:.1f} s and waiting for one "
              f"{threads['wait_s']:.1f} s, the two busiest {threads['busiest_two_run_s']:.1f} "
              f"and {threads['busiest_two_wait_s']:.1f} s" if threads else "")
+    if threads and "by_name" in threads:
+        waits += " (" + ", ".join(f"{name} {run:.1f} and {wait:.1f} s" for name, (run, wait)
+                                  in threads["by_name"].items()) + ")"
     return (f"{run['policy']} {real['cpu_user_s'] + real['cpu_system_s']:.1f} s "
             f"({real['cpu_system_s']:.1f} s system), its tasks running {real['task_s']:.1f} s "
             f"(simulated {simulated['task_s']:.1f} s){waits}")

@@ -7,10 +7,14 @@ beside LOADs alike, and 1.0 when nothing is charged.
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sched_graphs import chain_network, merge
 
+from masa.common.libc import name_this_thread
 from masa.report.contention import (
     alone_times_us,
     beside_shares,
@@ -88,3 +92,21 @@ def test_shares_count_only_the_other_workers_time_within_the_exec() -> None:
     # b/s0 [150, 250): a/s0 until 200, a/s1 [200, 210): 60 of its 100 us
     assert (shares["b", "s0"].beside_exec, shares["b", "s0"].beside_load) == (0.6, 0.0)
     assert (shares["a", "s1"].beside_exec, shares["a", "s1"].beside_load) == (1.0, 0.0)
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/comm").exists(),
+                    reason="needs Linux's /proc/thread-self (thread names in the kernel)")
+def test_executor_threads_carry_their_names_into_the_kernel() -> None:
+    """Per-thread figures (schedstat, top -H) tell the workers, the memory sampler and
+    the planner apart only if the kernel knows their names; the 16-byte limit cuts."""
+    seen: list[str] = []
+
+    def record(name: str) -> None:
+        name_this_thread(name)
+        seen.append(Path("/proc/thread-self/comm").read_text().strip())
+
+    for name in ("masa-worker-1", "masa-sampler-with-a-long-name"):
+        thread = threading.Thread(target=record, args=(name,))
+        thread.start()
+        thread.join()
+    assert seen == ["masa-worker-1", "masa-sampler-wi"]

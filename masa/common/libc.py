@@ -37,3 +37,16 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 LIBC = _load_libc()
+
+
+PR_SET_NAME = 15
+THREAD_NAME_BYTES = 15  # the kernel keeps a thread's name in 16 bytes with its NUL
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread `name` in the kernel (/proc/PID/task/TID/comm, top -H,
+    schedstat readers), truncated to THREAD_NAME_BYTES: Python's thread names stay
+    inside Python. A no-op where libc or prctl is missing."""
+    prctl = getattr(LIBC, "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_NAME, name.encode()[:THREAD_NAME_BYTES], 0, 0, 0)

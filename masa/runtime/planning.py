@@ -52,6 +52,7 @@ from typing import Protocol
 
 import numpy as np
 
+from masa.common.libc import name_this_thread
 from masa.runtime.virtual import simulate_graph
 from masa.sched.core import SchedulerState, TaskInfo, TaskState
 from masa.sched.policies import MasaPolicy, _Entry
@@ -335,7 +336,9 @@ class ThreadPlanner:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.time_budget_s = time_budget_s
         self.clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masa-plan")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masa-plan",
+                                        initializer=name_this_thread,
+                                        initargs=("masa-plan",))
         self.closed = False  # close() was called: no search starts any more
 
     def submit(self, search: Callable[[Callable[[], bool] | None], Plan]) -> PlanFuture:

@@ -57,6 +57,7 @@ import numpy as np
 import onnxruntime as ort
 
 from masa.common.errors import one_line
+from masa.common.libc import name_this_thread
 from masa.common.procmem import (
     CgroupMeter,
     CgroupRunMemory,
@@ -271,6 +272,7 @@ class _ResidentMeter:
             self._tasks_running.clear()
 
     def _sample_periodically(self) -> None:
+        name_this_thread("masa-sampler")
         while True:
             self._tasks_running.wait()
             if self._stop_sampling.wait(SAMPLE_PERIOD_S):
@@ -808,6 +810,7 @@ class ThreadBackend:
                         self.outputs.setdefault(task.group, {})[tensor.name] = value
 
     def _worker(self, index: int) -> None:
+        name_this_thread(f"masa-worker-{index}")
         while True:
             task = self.work_queues[index].get()
             if task is None:
