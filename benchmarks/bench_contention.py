@@ -230,7 +230,7 @@ def analyse(shares: dict[str, dict[str, list[BesideShares]]],
 
 
 ANALYSIS = """\
-## Reading (written 2026-11-28 from the five traced cells above; not regenerated)
+## Reading (written 2026-11-28 from the six traced cells above; not regenerated)
 
 - **Every EXEC is a first run, and the profile times warm ones.** The profiler
   reports the median of warm runs of a session (model_prep/profile_worker.py); a
@@ -246,47 +246,49 @@ ANALYSIS = """\
   costs depends on where in the run it falls.
 - **DeepEye's EXECs beside another task cost about what the simulator charges.**
   Against Bulk's times alone, DeepEye's EXECs ran 0.98-1.06x alone, 1.14-1.22x
-  beside another worker's EXEC and 1.02-1.12x beside a LOAD, in all five traces; the
+  beside another worker's EXEC and 1.02-1.12x beside a LOAD, in all six traces; the
   simulator charges 1.146x beside either. The 7-12% by which DeepEye's per-network
   EXEC ratios exceed the simulated ones in light is not mainly a multiplier beside
   EXECs set too low.
 - **Masa's EXECs are slower across the board, alone too, and the extra time is
   waiting, not work.** Against Bulk's times alone, Masa's EXECs ran 1.10-1.28x alone
-  in the four light traces (means 2.9-7.7 s: the same jobs) and 1.37x in mixed,
+  in the five light traces (means 2.9-7.7 s: the same jobs) and 1.37x in mixed,
   while beside another task they took no longer again (0.79-1.06x): a slowdown that
   does not depend on what the other worker runs. The three policies' processes used
   the same CPU time (the third light trace: Bulk 81.3 s, Masa 82.6 s, DeepEye 81.2
   s, 30-31 s of it in the kernel; by hand the same day 80.9, 79.7 and 78.1 s), while
-  Masa's tasks ran 95.9 s against Bulk's 87.4 s (by hand 92.4 against 87.5). Masa's
-  tasks wait, and the fifth trace (each thread's schedstat, sampled while the run
-  went on) says mostly for a core: Masa's two busiest threads (the workers) waited
-  16.9 s for a CPU, against Bulk's 4.2 s and DeepEye's 11.4 s, while Masa's other
-  threads ran 25.0 s on one, against Bulk's 18.1 s and DeepEye's 21.7 s. The
-  process's other threads are the executor's loop (its decisions; Masa's probe the
-  page cache and weigh kept stages), its memory sampler (every 2 ms while a task
-  runs, under every policy) and, under Masa, the planner's background search, which
-  in a run of the same jobs searched one batch plan and reused it 79 times (its
-  report's policy_stats), so it is not the difference; the kernel does not name the
-  threads, so how the 25.0 s divide between the loop and the sampler is not
-  measured. Whichever it is, it takes a core from the workers whenever both are
-  busy. The host was slower during that trace (Bulk took 18.9 s, its EXECs
-  1.15-1.33x their profiled time where the earlier traces had 0.98-1.24x), so its
-  means are not comparable with the others', but within it the order is clear. The
-  simulator has no CPU consumer but the tasks; it charges 0.5 ms per task of
-  dispatch (fitted on Bulk) and counts a worker in that time as running, so its
-  multiplier also applies beside it: read back from the simulated traces, that shows
-  as up to 1.14x alone for Masa (the check of the method is exact only without
-  dispatch time).
+  Masa's tasks ran 95.9 s against Bulk's 87.4 s (by hand 92.4 against 87.5). They
+  wait, mostly for a core. The sixth trace names the threads
+  (masa.common.libc.name_this_thread) and samples each one's schedstat while the run
+  goes on: Masa's workers waited 17.6 s for a CPU, against Bulk's 3.8 s and
+  DeepEye's 12.5 s, while the executor's loop thread (it keeps the process's name)
+  ran 23.3 s on one under Masa, 24.1 s under Bulk and 20.9 s under DeepEye, and its
+  memory sampler 2.0-3.4 s: about a third of a core under every policy, some 0.8 ms
+  of CPU per task (the kernel's share of it included: releasing a session unmaps its
+  files). What differs is when that work runs: Bulk leaves a core idle much of the
+  time and the loop's work mostly uses it; Masa keeps both workers busy, so the
+  loop's work preempts an EXEC. (The fifth trace ranked threads by CPU time before
+  they had names and counted Bulk's loop among its two busiest; its per-thread split
+  is not used.) The planner is not the difference: in a run of the same jobs it
+  searched one batch plan and reused it 79 times (the report's policy_stats). The
+  host was slower during the fifth and sixth traces (Bulk took 18.9 and 16.8 s, its
+  EXECs 1.09-1.35x their profiled time where the earlier traces had 0.98-1.24x), so
+  their means are not comparable with the others', but within each the order is
+  clear. The simulator has no CPU consumer but the tasks: it charges 0.5 ms per task
+  of dispatch (fitted on Bulk) as time the worker is held, counted as running beside
+  the other worker's task (so its multiplier applies there too: read back from the
+  simulated traces, that shows as up to 1.14x alone for Masa; the check of the
+  method is exact only without dispatch time), not as a third consumer of two cores.
 - **Runs of the same jobs do not repeat within 30% in light.** Traced or recorded,
-  Masa took 2.2-7.7 s over fifteen runs of the light cell (recorded in
+  Masa took 2.2-7.7 s over sixteen runs of the light cell (recorded in
   bench-device.jsonl 2.7, 2.2, 2.2, 3.4; traced on 2026-11-28, by hand and above,
   2.6, 3.1, 5.2, 4.2, 4.3, 4.4, 3.8, 2.9, 3.1, 3.8, the 4.3 and 3.8 s runs with the
   interpreter's switch interval at 0.5 ms instead of 5, which changed nothing
-  measurable, and 7.7 s in the fifth trace) and DeepEye 3.1-6.9 s over eleven
-  (recorded 3.1, 4.3, 4.2, 5.3; traced 6.9, 3.7, 6.4, 4.5, 3.8, 5.3, 6.2); simulated
-  1.8-2.1 s. No one figure is within 30% of every run of either policy there: its
-  conv work runs near saturation, so the mean is set by how fast the cold start's
-  backlog drains, and a few percent of CPU moves it by half.
+  measurable, then 7.7 and 6.6 s in the fifth and sixth traces) and DeepEye 3.1-6.9
+  s over twelve (recorded 3.1, 4.3, 4.2, 5.3; traced 6.9, 3.7, 6.4, 4.5, 3.8, 5.3,
+  6.2, 5.8); simulated 1.8-2.8 s. No one figure is within 30% of every run of either
+  policy there: its conv work runs near saturation, so the mean is set by how fast
+  the cold start's backlog drains, and a few percent of CPU moves it by half.
 """
 
 

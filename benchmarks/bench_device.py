@@ -2645,22 +2645,23 @@ simulating recorded cells again with every task's time scaled
   again: Masa 3.4 s (before 2.2-2.7), DeepEye 5.3 s (3.1-4.3), Bulk 13.1 s
   (10.0-12.2), simulated 2.0, 2.1 and 10.5 s, so the simulated mean of Masa's four
   runs is now 31% below the real one, a fifth miss. Traced runs of the same jobs the
-  same day took 2.6-7.7 s under Masa (eleven) and 3.7-6.9 s under DeepEye (seven): no
-  one figure is within 30% of every run of either policy in this cell, as in small at
-  0.7 (Masa 0.9-3.1 s over six runs of the same jobs at 512 MiB-2 GiB) and in heavy
-  (DeepEye 9.4 s beside Masa's kept stages, 109.6-275.7 s in the four other runs on
-  the pinned profile). The traces show where the simulator's CPU model is coarse: every EXEC
-  is a session's first run while the profile times warm runs (alone, a network's
-  first stage takes about 1.5x its profiled time, the largest fc stages 0.6-0.7x:
-  one factor per network gets each network's total right and each stage's share
-  wrong); DeepEye's EXECs beside another task cost about what the simulator charges
-  (1.17-1.22x beside an EXEC, 1.03-1.12x beside a LOAD, against its 1.146x); and
-  Masa's EXECs are slower across the board, alone too (1.10-1.37x Bulk's times
-  alone), with the same CPU time as Bulk's run: they wait, mostly for a core (in
-  the trace that sampled each thread's schedstat, Masa's workers waited 16.9 s for
-  one against Bulk's 4.2 s, while Masa's other threads, the executor's loop and its
-  memory sampler, ran 25.0 s against 18.1 s; the planner searched once),
-  a consumer of the cores the simulator does not model."""
+  same day took 2.6-7.7 s under Masa (twelve) and 3.7-6.9 s under DeepEye (eight):
+  no one figure is within 30% of every run of either policy in this cell, as in
+  small at 0.7 (Masa 0.9-3.1 s over six runs of the same jobs at 512 MiB-2 GiB) and
+  in heavy (DeepEye 9.4 s beside Masa's kept stages, 109.6-275.7 s in the four other
+  runs on the pinned profile). The traces show where the simulator's CPU model is
+  coarse: every EXEC is a session's first run while the profile times warm runs
+  (alone, a network's first stage takes about 1.5x its profiled time, the largest fc
+  stages 0.6-0.7x: one factor per network gets each network's total right and each
+  stage's share wrong); DeepEye's EXECs beside another task cost about what the
+  simulator charges (1.17-1.22x beside an EXEC, 1.03-1.12x beside a LOAD, against
+  its 1.146x); and Masa's EXECs are slower across the board, alone too (1.10-1.37x
+  Bulk's times alone), with the same CPU time as Bulk's run: they wait, mostly for a
+  core (with the threads named and their schedstat sampled, Masa's workers waited
+  17.6 s for one against Bulk's 3.8 s and DeepEye's 12.5 s: the executor's loop
+  takes about a third of a core under every policy, 21-24 s of CPU, which Bulk's
+  idle core absorbs and Masa's busy workers pay for), a consumer of the cores the
+  simulator does not model."""
 
 
 
