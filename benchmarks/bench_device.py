@@ -2654,7 +2654,7 @@ simulating recorded cells again with every task's time scaled
   (alone, a network's first stage takes about 1.5x its profiled time, the largest fc
   stages 0.6-0.7x: one factor per network gets each network's total right and each
   stage's share wrong); DeepEye's EXECs beside another task cost about what the
-  simulator charges (1.17-1.22x beside an EXEC, 1.03-1.12x beside a LOAD, against
+  simulator charges (1.14-1.22x beside an EXEC, 1.02-1.12x beside a LOAD, against
   its 1.146x); and Masa's EXECs are slower across the board, alone too (1.10-1.37x
   Bulk's times alone), with the same CPU time as Bulk's run: they wait, mostly for a
   core (with the threads named and their schedstat sampled, Masa's workers waited
