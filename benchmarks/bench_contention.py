@@ -236,14 +236,15 @@ ANALYSIS = """\
   reports the median of warm runs of a session (model_prep/profile_worker.py); a
   Masa, Bulk or DeepEye run loads a stage and runs it once. Alone, in Bulk's runs,
   the first stage of AgeNet, GenderNet and FaceNet (the 227x227 image in, large
-  activations out) takes 1.43-1.61x its profiled time and the mid-sized fc stages
+  activations out) takes 1.43-1.75x its profiled time and the mid-sized fc stages
   whose weights are mapped (AgeNet's and GenderNet's s003, 37 MiB; FaceNet's s006,
-  64 MiB) 1.22-1.55x, while the other convolutions take 0.83-1.13x and the largest
-  fc stages 0.61-0.69x (FaceNet's s005, 144 MiB mapped; EmotionNet's s005). The
-  simulator charges one factor per network, fitted on Bulk's runs, so each network's
-  total is right for Bulk (its per-network EXEC ratios above: within 5%, but on the
-  slower host of the fifth trace) and each stage's share of it is not; what a stage
-  costs depends on where in the run it falls.
+  64 MiB) 1.22-1.84x, while the other convolutions take 0.83-1.23x and the largest
+  fc stages 0.61-0.85x (the upper ends on the slower host of the fifth and sixth
+  traces) (FaceNet's s005, 144 MiB mapped; EmotionNet's s005). The simulator charges
+  one factor per network, fitted on Bulk's runs, so each network's total is right
+  for Bulk (its per-network EXEC ratios above: within 5%, but on the slower host of
+  the fifth trace) and each stage's share of it is not; what a stage costs depends
+  on where in the run it falls.
 - **DeepEye's EXECs beside another task cost about what the simulator charges.**
   Against Bulk's times alone, DeepEye's EXECs ran 0.98-1.06x alone, 1.14-1.22x
   beside another worker's EXEC and 1.02-1.12x beside a LOAD, in all six traces; the

@@ -2652,7 +2652,7 @@ simulating recorded cells again with every task's time scaled
   runs on the pinned profile). The traces show where the simulator's CPU model is
   coarse: every EXEC is a session's first run while the profile times warm runs
   (alone, a network's first stage takes about 1.5x its profiled time, the largest fc
-  stages 0.6-0.7x: one factor per network gets each network's total right and each
+  stages 0.6-0.85x: one factor per network gets each network's total right and each
   stage's share wrong); DeepEye's EXECs beside another task cost about what the
   simulator charges (1.14-1.22x beside an EXEC, 1.02-1.12x beside a LOAD, against
   its 1.146x); and Masa's EXECs are slower across the board, alone too (1.10-1.37x
