@@ -14,9 +14,9 @@ calibrated simulation of the same run writes its trace too. From each trace
   EXECs' times given those times alone (Bulk's trace gives them: its EXECs run
   alone), next to the simulator's, read back from its own trace the same way;
 - the run's CPU time (user and system) against the time its tasks ran, and each of
-  its threads' time on a CPU and waiting for one (the kernel's schedstat, sampled
-  while it runs): whether a task that takes longer than its work was waiting for a
-  core.
+  its threads' time on a CPU and waiting for one (the emulation's
+  EmulatedRun.thread_cpu_s, from the kernel's schedstat): whether a task that takes
+  longer than its work was waiting for a core.
 
     sudo python benchmarks/bench_contention.py [--cell 'light|1024MiB|rho0.7|60s|w2|wait']
     python benchmarks/bench_contention.py --doc-only   # re-render from the JSON
@@ -34,7 +34,6 @@ import json
 import os
 import resource
 import tempfile
-import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +57,6 @@ DATA = ROOT / "docs" / "bench-data" / "contention.json"
 DOC = ROOT / "docs" / "bench-contention.md"
 DEFAULT_CELL = "light|1024MiB|rho0.7|60s|w2|wait"
 POLICIES = ("bulk", "masa", "deepeye")  # Bulk first: its EXECs alone are the reference
-SAMPLE_S = 0.2  # how often ThreadTimes reads the threads' schedstat
 MIN_PROFILED_US = 300  # shorter stages (a last fc of a few us) say more about timers
 
 
@@ -100,8 +98,7 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     load_before, probe_before = os.getloadavg()[0], device_bench.host_cpu_scale(store)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with ThreadTimes() as thread_times:
-        run = run_emulated(check_emulation(device, store), spec)
+    run = run_emulated(check_emulation(device, store), spec)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if run.status != "finished":
         raise SystemExit(f"{cell.key} {policy}: the real run {run.status} ({run.reason})")
@@ -125,7 +122,7 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     # the run's tasks were running (their trace's spans).
     sides["real"]["cpu_user_s"] = round(children_after.ru_utime - children_before.ru_utime, 2)
     sides["real"]["cpu_system_s"] = round(children_after.ru_stime - children_before.ru_stime, 2)
-    sides["real"]["threads"] = thread_times.totals()
+    sides["real"]["threads"] = {"by_name": run.thread_cpu_s}
     print(f"{cell.key} {policy}: mean response real {sides['real']['mean_ms']} ms, "
           f"simulated {sides['simulated']['mean_ms']} ms", flush=True)
     spans = {side: task_spans(json.loads(Path(path).read_text()))
@@ -136,71 +133,6 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     return ({"policy": policy, "commit": device_bench._commit(),
              "started": started, "load_before": round(load_before, 2), "host_cpu_scale": probes,
              "sides": sides}, shares)
-
-
-class ThreadTimes:
-    """While a `with` block runs: every thread of this process's children, its time on a
-    CPU and its time runnable but waiting for one (the kernel's schedstat, ns), sampled
-    every SAMPLE_S: a thread's last sample counts (it may have run a little after it)."""
-
-    def __init__(self) -> None:
-        # (pid, tid) -> (its name in the kernel, ns on a CPU, ns waiting for one)
-        self.last: dict[tuple[int, int], tuple[str, int, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> ThreadTimes:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        parent = os.getpid()
-        while not self._stop.wait(SAMPLE_S):
-            for pid in _children(parent):
-                for task in Path(f"/proc/{pid}/task").glob("*"):
-                    try:
-                        run_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
-                        name = (task / "comm").read_text().strip()
-                    except (OSError, ValueError):
-                        continue  # the thread or the process ended meanwhile
-                    self.last[pid, int(task.name)] = (name, int(run_ns), int(wait_ns))
-
-    def totals(self) -> dict[str, Any]:
-        """Seconds on a CPU and waiting for one, over every thread, and the same for
-        the two threads that ran longest (the workers: their EXECs and LOADs) and per
-        thread name (masa.runtime.threads names its workers, memory sampler and
-        planner; the executor's loop keeps the process's name), workers together."""
-        times = sorted(((run, wait) for _, run, wait in self.last.values()), reverse=True)
-        by_name: dict[str, list[float]] = {}
-        for name, run_ns, wait_ns in self.last.values():
-            group = "masa-worker" if name.startswith("masa-worker") else name
-            found = by_name.setdefault(group, [0.0, 0.0])
-            found[0] += run_ns / 1e9
-            found[1] += wait_ns / 1e9
-        return {"run_s": round(sum(t[0] for t in times) / 1e9, 2),
-                "wait_s": round(sum(t[1] for t in times) / 1e9, 2),
-                "busiest_two_run_s": round(sum(t[0] for t in times[:2]) / 1e9, 2),
-                "busiest_two_wait_s": round(sum(t[1] for t in times[:2]) / 1e9, 2),
-                "threads": len(times),
-                "by_name": {name: [round(run, 2), round(wait, 2)]
-                            for name, (run, wait) in sorted(by_name.items())}}
-
-
-def _children(parent: int) -> list[int]:
-    """The processes whose parent is `parent` (the emulated run's child)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
@@ -351,13 +283,17 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
 
 def _cpu(run: dict[str, Any]) -> str:
     real, simulated = run["sides"]["real"], run["sides"]["simulated"]
-    threads = real.get("threads")
-    waits = (f"; its threads on a CPU {threads['run_s']:.1f} s and waiting for one "
-             f"{threads['wait_s']:.1f} s, the two busiest {threads['busiest_two_run_s']:.1f} "
-             f"and {threads['busiest_two_wait_s']:.1f} s" if threads else "")
-    if threads and "by_name" in threads:
-        waits += " (" + ", ".join(f"{name} {run:.1f} and {wait:.1f} s" for name, (run, wait)
-                                  in threads["by_name"].items()) + ")"
+    # Runs traced before the threads had names keep only their totals (a split by
+    # CPU time ranked the loop among the workers under Bulk).
+    threads = real.get("threads") or {}
+    waits = ""
+    if threads.get("by_name"):
+        waits = ("; per thread, on a CPU and waiting for one: " + ", ".join(
+            f"{name} {run:.1f} and {wait:.1f} s"
+            for name, (run, wait) in threads["by_name"].items()))
+    elif threads:
+        waits = (f"; its threads on a CPU {threads['run_s']:.1f} s and waiting for one "
+                 f"{threads['wait_s']:.1f} s")
     return (f"{run['policy']} {real['cpu_user_s'] + real['cpu_system_s']:.1f} s "
             f"({real['cpu_system_s']:.1f} s system), its tasks running {real['task_s']:.1f} s "
             f"(simulated {simulated['task_s']:.1f} s){waits}")

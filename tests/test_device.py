@@ -220,6 +220,9 @@ def test_bulk_is_killed_with_the_jobs_before_and_masa_finishes_under_the_same_ca
     assert masa.oom_kills == 0
     assert {n["status"] for job in masa.report["jobs"] for n in job["networks"]} == {"done"}
     assert masa.peak_cgroup_bytes <= device.memory_cap_bytes
+    # the child's threads, by the names the executor gives them, sampled while it ran
+    assert "masa-worker" in masa.thread_cpu_s, masa.thread_cpu_s
+    assert sum(run_s for run_s, _ in masa.thread_cpu_s.values()) > 0
     assert _groups_left(os.getpid()) == []
 
 

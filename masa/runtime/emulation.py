@@ -402,6 +402,11 @@ class EmulatedRun:
     peak_swap_bytes: int = 0  # sampled
     major_faults: int = 0  # the child's, last sample
     bytes_read: int = 0  # the child's read_bytes (storage), last sample
+    # Per thread name (masa.runtime.threads names its workers, grouped here as
+    # "masa-worker", its memory sampler and planner; the loop keeps the process's
+    # name): [seconds on a CPU, seconds runnable but waiting for one], each thread's
+    # last sample (the kernel's schedstat).
+    thread_cpu_s: dict[str, list[float]] = field(default_factory=dict)
     cgroups: list[str] = field(default_factory=list)
     report: dict[str, Any] | None = None  # the child's report (masa.report) when it finished
 
@@ -424,11 +429,23 @@ def _proc_counters(pid: int) -> tuple[int | None, int | None]:
     return faults, read
 
 
+def _thread_times(pid: int) -> dict[int, tuple[str, int, int]]:
+    """Each live thread of `pid`: (its name, ns on a CPU, ns waiting for one)."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        run_wait = _read(task / "schedstat").split()[:2]
+        name = _read(task / "comm").strip()
+        if len(run_wait) == 2 and name:  # else the thread ended meanwhile
+            found[int(task.name)] = (name, int(run_wait[0]), int(run_wait[1]))
+    return found
+
+
 class _Sampler:
     """The group's memory and the child's counters, sampled while it runs."""
 
     def __init__(self, groups: DeviceCgroups, run: EmulatedRun, pid: int) -> None:
         self.groups, self.run, self.pid = groups, run, pid
+        self.threads: dict[int, tuple[str, int, int]] = {}  # last sample of each thread
         v1 = groups.plan.layout.version == 1
         self.keys = (("total_rss", "total_cache", "total_swap") if v1
                      else ("anon", "file", "swap"))
@@ -447,6 +464,18 @@ class _Sampler:
             run.major_faults = faults
         if read is not None:
             run.bytes_read = read
+        self.threads.update(_thread_times(self.pid))
+
+    def thread_seconds(self) -> dict[str, list[float]]:
+        """EmulatedRun.thread_cpu_s from the threads' last samples."""
+        by_name: dict[str, list[float]] = {}
+        for name, run_ns, wait_ns in self.threads.values():
+            group = "masa-worker" if name.startswith("masa-worker") else name
+            seconds = by_name.setdefault(group, [0.0, 0.0])
+            seconds[0] += run_ns / 1e9
+            seconds[1] += wait_ns / 1e9
+        return {name: [round(run_s, 3), round(wait_s, 3)]
+                for name, (run_s, wait_s) in sorted(by_name.items())}
 
 
 def _child_preexec(join_files: list[str]) -> None:
@@ -550,6 +579,7 @@ def _watch(child: subprocess.Popen, groups: DeviceCgroups, run: EmulatedRun) -> 
         except subprocess.TimeoutExpired:
             continue
     ended_s = time.monotonic()
+    run.thread_cpu_s = sampler.thread_seconds()
     run.returncode = child.returncode
     run.oom_kills = groups.oom_kills()
     run.peak_cgroup_bytes = groups.peak_usage_bytes()
