@@ -2661,7 +2661,12 @@ simulating recorded cells again with every task's time scaled
   17.6 s for one against Bulk's 3.8 s and DeepEye's 12.5 s: the executor's loop
   takes about a third of a core under every policy, 21-24 s of CPU, which Bulk's
   idle core absorbs and Masa's busy workers pay for), a consumer of the cores the
-  simulator does not model."""
+  simulator does not model. Modelled as one (session 36, docs/bench-contention.md,
+  not committed) it does not help: 83, 75 and 66 of the 90 runs within 30% at 150,
+  300 and 500 us of the loop's CPU per task, 85 at best with the multiplier lowered
+  by hand to offset it, with the same misses. Masa in small at 512 MiB / 0.7
+  (simulated above its runs) and DeepEye in light (below) move the same way under
+  every global CPU setting tried, so none covers both."""
 
 
 
