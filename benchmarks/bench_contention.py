@@ -67,10 +67,7 @@ def trace_cell(cell: Any, policies: Sequence[str], args: argparse.Namespace, pin
     store = device_bench.store_of(cell, args)
     with tempfile.TemporaryDirectory(prefix="bench-contention-") as scratch_dir:
         scratch = Path(scratch_dir)
-        workload = device_bench.cell_workload(
-            cell, store, scratch,
-            device_bench.load_device(device_bench.BOARD).read_bytes_per_s or 1,
-            pin.cpu_factor_by_network)
+        workload = device_bench.board_workload(cell, store, scratch, pin)
         prepared = device_bench.prepare_run(workload, store, cell.context)
         base_bytes = device_bench.measure_base(cell, store, workload)
         traced = [traced_run(cell, policy, prepared, (store, workload, base_bytes), pin,

@@ -360,13 +360,11 @@ def measure_dispatch(args: argparse.Namespace) -> Pin:
     two tasks on a worker is the executor's hand-off and decision; the mean gap over
     the scenarios' runs."""
     pin = pinned_stores(args)
-    read_bps = load_device(BOARD).read_bytes_per_s or 1
     means = {}
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
         for scenario, jobs in DISPATCH_JOBS.items():
             cell = Cell(scenario, 2048, DISPATCH_RHO)
-            workload = cell_workload(cell, args.cache, Path(scratch), read_bps,
-                                     pin.cpu_factor_by_network)
+            workload = board_workload(cell, args.cache, Path(scratch), pin)
             trace = Path(scratch) / f"{scenario}.trace.json"
             subprocess.run([sys.executable, "-m", "masa", "run", str(workload), "--store",
                             str(args.cache), "--memory", "2GiB", "--jobs", str(jobs),
@@ -511,9 +509,14 @@ def _size(path: Path) -> int:
 def prepare_cell(cell: Cell, args: argparse.Namespace, scratch: Path, pin: Pin) -> PreparedRun:
     """The cell's jobs (`cell_workload`) prepared on its store."""
     store = store_of(cell, args)
-    workload = cell_workload(cell, store, scratch, load_device(BOARD).read_bytes_per_s or 1,
-                             pin.cpu_factor_by_network)
-    return prepare_run(workload, store, cell.context)
+    return prepare_run(board_workload(cell, store, scratch, pin), store, cell.context)
+
+
+def board_workload(cell: Cell, store: Path, scratch: Path, pin: Pin) -> Path:
+    """The cell's jobs drawn on `store` (`cell_workload`) at the board's card speed and
+    the pinned CPU factors: the workload file every run of the cell is given."""
+    return cell_workload(cell, store, scratch, load_device(BOARD).read_bytes_per_s or 1,
+                         pin.cpu_factor_by_network)
 
 
 def cell_workload(cell: Cell, cache: Path, scratch: Path, read_bytes_per_s: int,
@@ -1027,7 +1030,6 @@ def resimulate(args: argparse.Namespace) -> None:
     pin = pinned_stores(args)
     results = load_results(args.results)
     cells = {c.key: c for c in grid()}
-    read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
         prepared_by_key: dict[tuple[str, Path], PreparedRun] = {}
         for record in results:
@@ -1038,8 +1040,7 @@ def resimulate(args: argparse.Namespace) -> None:
             # docs/bench-data) had the cell's arrivals, drawn on the cell's store.
             store = Path(record.get("store_path") or store_of(cell, args))
             if (cell.key, store) not in prepared_by_key:
-                workload = cell_workload(cell, store_of(cell, args), Path(scratch), read_bps,
-                                         pin.cpu_factor_by_network)
+                workload = board_workload(cell, store_of(cell, args), Path(scratch), pin)
                 prepared_by_key[cell.key, store] = prepare_run(workload, store, cell.context)
             prepared = prepared_by_key[cell.key, store]
             if record.get("profile") is None and record["jobs"] == len(prepared.jobs):
@@ -1169,15 +1170,13 @@ def run_grid(args: argparse.Namespace) -> None:
     bases: dict[str, int] = {}
     probes: dict[Path, float] = {}  # a store's probe after the last run: the next one's before
     deadline_s = time.monotonic() + 60 * args.max_minutes
-    read_bps = load_device(BOARD).read_bytes_per_s or 1
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
         for cell, policy in pending(cells, done):
             if time.monotonic() > deadline_s:
                 print(f"time is up ({args.max_minutes} min): the rest runs next time")
                 break
             store = store_of(cell, args)
-            workload = cell_workload(cell, store, Path(scratch), read_bps,
-                                     pin.cpu_factor_by_network)
+            workload = board_workload(cell, store, Path(scratch), pin)
             scale_before = probes.pop(store, None) or host_cpu_scale(store)
             prepared = prepare_run(workload, store, cell.context)
             cpu_binds = not card_binds(stage_files_mib(prepared), cell.store == "copy",
