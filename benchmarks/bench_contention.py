@@ -228,31 +228,37 @@ ANALYSIS = """\
   releasing a session (dropping it, unmapping its locked weights) took 48%, the
   malloc_trim after a release 20%, the decisions and their bookkeeping 22%, reading
   statm 6% and drawing the jobs' inputs 4%: work each stage's release needs, done on
-  the loop's thread. First, the loop as a third consumer of the cores: each ended
-  task's loop work (L) taken from the tasks running once the next ones start, when
-  every core runs one (twenty lines in DeviceBackend, not committed). Over the 90
-  latest runs where the CPU binds, within 30% went from 85 to 83, 75 and 66 at L =
-  150, 300 and 500 us with the pinned multiplier (1.146); with the multiplier
-  lowered by hand to offset it (not fitted), to 85 at 150 us / 1.10, 300 us / 1.07
-  and 600 us / 1.0, and 83 at 300 us / 1.0. The first two miss the same five runs as
-  today's simulator (counted here with each cell's runs averaged and simulated once
-  at their mean probe, where the page simulates each run at its own: Masa in light
-  is then -25%, not -31%, and DeepEye in lifelogging at 2 GiB / 0.7 +32%); the third
-  trades DeepEye's light run with kept stages (now -23%) for Masa's small at 512 MiB
-  / 0.7 over 120 s (+48%). In all three, Masa in small at 512 MiB / 0.7 stays
-  simulated above its real run (+91% to +137% counted this way, +37% on the page:
-  its three runs took 0.9-2.4 s, and each simulated at its own probe gives another
-  mean) and DeepEye in light below (-41% to -51%). Those two move the same way under
-  every global CPU setting tried here and in session 35 (the multiplier 1.146-1.25,
-  the loop's work 150-800 us), so no one setting covers both. Second, each stage's
-  own factor alone: light's EXECs scaled by each stage's median time alone per
-  profiled time over the five light traces, relative to its network's (0.70x for
-  FaceNet's s005 to 1.51x for its s000; each network's total kept). DeepEye's
-  simulated mean rose from 2.06 to 2.49 s (real 4.21 s, the average of its recorded
-  runs) and with kept stages from 1.66 to 1.83 s (real 2.56 s); Masa's (1.98 s) and
-  Bulk's (10.49 s) did not move. That narrows DeepEye's two misses (-51% to -41%,
-  -35% to -28%) without closing the first. Adopting it means profiling each stage's
-  first run, which changes the pinned profile and so the whole grid.
+  the loop's thread. How much the release takes depends on how the page cache holds
+  the stage files (docs/profiling.md, step 2): that store's files had been left
+  partly in 4 KiB folios; read afresh, as every emulated run reads them after its
+  eviction, the same command's loop samples fell from 481 to 307 and those releasing
+  a session from 166 to 79 (one run each, 2026-11-28, session 37, both counted by
+  one script, whose count for the first run also holds samples the hand count of 342
+  left out). First, the loop as a third consumer of the cores: each ended task's
+  loop work (L) taken from the tasks running once the next ones start, when every
+  core runs one (twenty lines in DeviceBackend, not committed). Over the 90 latest
+  runs where the CPU binds, within 30% went from 85 to 83, 75 and 66 at L = 150, 300
+  and 500 us with the pinned multiplier (1.146); with the multiplier lowered by hand
+  to offset it (not fitted), to 85 at 150 us / 1.10, 300 us / 1.07 and 600 us / 1.0,
+  and 83 at 300 us / 1.0. The first two miss the same five runs as today's simulator
+  (counted here with each cell's runs averaged and simulated once at their mean
+  probe, where the page simulates each run at its own: Masa in light is then -25%,
+  not -31%, and DeepEye in lifelogging at 2 GiB / 0.7 +32%); the third trades
+  DeepEye's light run with kept stages (now -23%) for Masa's small at 512 MiB / 0.7
+  over 120 s (+48%). In all three, Masa in small at 512 MiB / 0.7 stays simulated
+  above its real run (+91% to +137% counted this way, +37% on the page: its three
+  runs took 0.9-2.4 s, and each simulated at its own probe gives another mean) and
+  DeepEye in light below (-41% to -51%). Those two move the same way under every
+  global CPU setting tried here and in session 35 (the multiplier 1.146-1.25, the
+  loop's work 150-800 us), so no one setting covers both. Second, each stage's own
+  factor alone: light's EXECs scaled by each stage's median time alone per profiled
+  time over the five light traces, relative to its network's (0.70x for FaceNet's
+  s005 to 1.51x for its s000; each network's total kept). DeepEye's simulated mean
+  rose from 2.06 to 2.49 s (real 4.21 s, the average of its recorded runs) and with
+  kept stages from 1.66 to 1.83 s (real 2.56 s); Masa's (1.98 s) and Bulk's (10.49
+  s) did not move. That narrows DeepEye's two misses (-51% to -41%, -35% to -28%)
+  without closing the first. Adopting it means profiling each stage's first run,
+  which changes the pinned profile and so the whole grid.
 """
 
 

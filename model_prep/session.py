@@ -51,7 +51,7 @@ import numpy as np
 import onnxruntime as ort
 
 from masa.common.libc import LIBC, MAP_FAILED, MAP_SHARED, PROT_READ
-from masa.common.procmem import cachestat_bytes, resident_pages
+from masa.common.procmem import cachestat_bytes, drop_cached, resident_pages
 
 DEFAULT_INTRA_OP_THREADS = 1
 # A tiny Conv+Relu+Flatten+Gemm model (x: 1x3x8x8 -> y: 1x8; tests/test_zero_copy.py
@@ -158,6 +158,25 @@ def read_in(path: str | Path) -> int:
                 view.madvise(_MADV_POPULATE_READ)
             except (OSError, ValueError):
                 _touch_pages(view, size)
+    return size
+
+
+def read_fresh(path: str | Path) -> int:
+    """Drop the file from the page cache and read it back whole, as a LOAD that
+    finds it missing reads it (`lock_in`: 1 MiB preads); its size in bytes, 0 if
+    it cannot be opened. Pages another process maps or locks stay as they are.
+
+    How a file's pages were cached sets what mapping them costs later: read
+    this way the kernel caches them in large folios, written by a slow writer
+    or read a page at a time in 4 KiB ones, and then locking, unmapping and
+    first-run faults cost up to 10x more (FaceNet's 144 MiB fc stage on this
+    host: a LOAD 19.4 ms instead of 2.3 ms, its session's release 15 ms
+    instead of 0.8; docs/profiling.md). The profiler reads every stage file
+    this way first, so that a profile does not depend on the page cache's past.
+    """
+    size = drop_cached(path, write_back=True)
+    if size:
+        _read_ranges(path, ((0, size),))
     return size
 
 

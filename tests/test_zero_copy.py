@@ -205,6 +205,70 @@ def test_read_in_brings_every_page_in_with_or_without_populate(
     assert read_in(tmp_path / "empty") == 0
 
 
+def _large_folio_fraction(path: Path) -> float | None:
+    """The share of the file's cached pages that the page cache holds in large folios
+    (compound pages, /proc/kpageflags); None where page frames cannot be read (not
+    root). The file is mapped and populated from the page cache, never read."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as view:
+        view.madvise(22)  # MADV_POPULATE_READ: map every page
+        with open("/proc/self/maps") as maps:
+            start = next(int(line.split("-")[0], 16) for line in maps
+                         if line.rstrip().endswith(str(path)))
+        pages = len(view) // mmap.PAGESIZE
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(start // mmap.PAGESIZE * 8)
+            entries = np.frombuffer(pagemap.read(pages * 8), dtype=np.uint64)
+    frames = entries[(entries >> np.uint64(63)) == 1] & np.uint64((1 << 55) - 1)
+    if not frames.any():
+        return None  # frame numbers read as 0 without CAP_SYS_ADMIN
+    compound = np.uint64((1 << 15) | (1 << 16))  # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL
+    with open("/proc/kpageflags", "rb") as kpageflags:
+        flags = []
+        for frame in frames.tolist():
+            kpageflags.seek(frame * 8)
+            flags.append(int.from_bytes(kpageflags.read(8), "little"))
+    return float(np.mean((np.array(flags, dtype=np.uint64) & compound) != 0))
+
+
+def _cache_page_by_page(path: Path) -> None:
+    """Evict the file, then read it back a page at a time from its end: without
+    read-ahead the page cache holds it in 4 KiB folios."""
+    drop_cached(path, write_back=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for offset in range(os.fstat(fd).st_size - mmap.PAGESIZE, -1, -mmap.PAGESIZE):
+            os.pread(fd, mmap.PAGESIZE, offset)
+    finally:
+        os.close(fd)
+
+
+def test_read_fresh_caches_a_file_as_a_first_read_does(tmp_path: Path) -> None:
+    """A file the page cache holds in 4 KiB folios is cached again as a whole first read
+    caches it (the profiler's `read_fresh`: its mapped LOADs then cost what a run's do)."""
+    if not os.access("/proc/kpageflags", os.R_OK):
+        pytest.skip("/proc/kpageflags unreadable (not root): folio sizes cannot be seen")
+    weights = np.arange(32 * MIB // 8, dtype=np.int64).tobytes()
+    control, path = tmp_path / "control.data", tmp_path / "weights.data"
+    control.write_bytes(weights)
+    path.write_bytes(weights)
+    drop_cached(control, write_back=True)
+    with open(control, "rb") as handle:
+        while handle.read(MIB):
+            pass
+    read_whole = _large_folio_fraction(control)
+    if read_whole is None or read_whole < 0.5:
+        pytest.skip("this kernel or file system caches a file read whole in 4 KiB folios "
+                    f"({read_whole}): nothing to tell apart")
+    _cache_page_by_page(path)
+    fragmented = _large_folio_fraction(path)
+    assert fragmented is not None and fragmented < 0.1
+    assert session_module.read_fresh(path) == 32 * MIB
+    refreshed = _large_folio_fraction(path)
+    assert refreshed is not None and refreshed > 0.5
+    assert session_module.read_fresh(tmp_path / "missing.data") == 0
+
+
 def _locked_bytes() -> int:
     """VmLck: the bytes this process has locked in memory."""
     with open("/proc/self/status") as status:
