@@ -259,6 +259,28 @@ ANALYSIS = """\
   s) did not move. That narrows DeepEye's two misses (-51% to -41%, -35% to -28%)
   without closing the first. Adopting it means profiling each stage's first run,
   which changes the pinned profile and so the whole grid.
+- **Three more tried, not adopted** (2026-11-28, session 37; scripts kept out of the
+  repository, counted as the bullet above counts, each cell's latest runs). First,
+  the loop's release work in proportion to the mapped bytes a release unmaps, taken
+  from the tasks running when every core runs one: 0.1 ms per MiB is what a release
+  cost with the files in 4 KiB folios (above), and at 50 and 100 us per MiB light's
+  Masa went from 2.0 to 4.3 and 7.9 s (real 2.6 s) and mixed at 1 GiB / 0.7's from
+  10.1 to 12.4 and 14.7 s (real 10.8 s); read afresh, as the emulated runs read
+  them, the files cost a tenth of that or less to release. Second, a multiplier per
+  network instead of one (Masa's and DeepEye's EXEC time over Bulk's, median per
+  network; Masa's runs that keep stages loaded left out): 83 runs of 90 within 30%;
+  light's DeepEye came to -34% (from -51%) and its Masa -13% (from -25%), but four
+  of Masa's small runs fell to -30% to -67%, since DeepEye's TinyYOLO runs at Bulk's
+  speed (0.99-1.03x) where Masa's takes 1.13-1.25x. Third, one per policy and
+  network: 85 of 90 fitted on every cell, and 85 with each run's own scenario left
+  out of the fit; DeepEye in light at -34% and -32%, and Masa in small at 512 MiB /
+  0.7 at +136% and +133% (its latest run 1.7 s, simulated 3.9 s). What the figures
+  behind all three show: Masa's EXECs took 1.18x Bulk's (median over 70 network-cell
+  pairs, 0.97-1.40x) where it loads every stage afresh and 1.01x (56, 0.88-1.21x)
+  where it keeps stages loaded and most of its EXECs run on sessions that have run
+  before, while DeepEye's took 1.14x in both. The multiplier holds a fresh session's
+  first run as well as the other task beside it, so no one figure is the contention
+  alone.
 """
 
 
