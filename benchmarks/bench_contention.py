@@ -42,7 +42,6 @@ from typing import Any
 import bench_device as device_bench
 import numpy as np
 
-from masa.common.atomic import atomic_write_text
 from masa.report.contention import (
     BesideShares,
     alone_times_us,
@@ -380,35 +379,15 @@ def _x(value: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cell", default=DEFAULT_CELL, help="bench_device.py's cell key")
-    parser.add_argument("--policies", type=lambda t: [p for p in t.split(",") if p],
-                        default=list(POLICIES), help="comma-separated; bulk is needed "
-                        "(its EXECs alone are the reference)")
-    parser.add_argument("--cache", type=Path, default=device_bench.DEFAULT_CACHE)
-    parser.add_argument("--copy-cache", type=Path, default=None)
-    parser.add_argument("--pin", type=Path, default=device_bench.PINNED)
-    parser.add_argument("--doc-only", action="store_true",
-                        help="re-render the page from docs/bench-data/contention.json")
+    parser = device_bench.one_cell_parser(__doc__, DEFAULT_CELL, POLICIES, DATA,
+                                          "; bulk is needed (its EXECs alone are the "
+                                          "reference)")
     args = parser.parse_args(argv)
-    entries = json.loads(DATA.read_text()) if DATA.exists() else []
-    if not args.doc_only:
-        if "bulk" not in args.policies:
-            parser.error("--policies: bulk is needed (its EXECs alone are the reference)")
-        cells = {cell.key: cell for cell in device_bench.grid()}
-        if args.cell not in cells:
-            parser.error(f"--cell: {args.cell!r} is not a cell of bench_device.py's grid")
-        pin = device_bench.pinned_stores(args)
-        entry = trace_cell(cells[args.cell], ["bulk"] + [p for p in args.policies
-                                                         if p != "bulk"], args, pin)
-        entries.append(entry)
-        atomic_write_text(DATA, json.dumps(entries) + "\n")
-    if not entries:
-        parser.error(f"{DATA}: no traced cell yet (run without --doc-only, as root)")
-    atomic_write_text(DOC, render(entries))
-    print(f"wrote {DOC}")
-    return 0
-
+    if not args.doc_only and "bulk" not in args.policies:
+        parser.error("--policies: bulk is needed (its EXECs alone are the reference)")
+    policies = ["bulk"] + [p for p in args.policies if p != "bulk"]
+    return device_bench.one_cell_main(parser, args, DATA, DOC, render,
+                                      lambda cell, pin: trace_cell(cell, policies, args, pin))
 
 if __name__ == "__main__":
     raise SystemExit(main())

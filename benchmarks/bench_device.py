@@ -1114,6 +1114,41 @@ def sensitivity(args: argparse.Namespace) -> None:
                       flush=True)
 
 
+def one_cell_parser(doc: str, default_cell: str, policies: Sequence[str], data: Path,
+                    policies_help: str = "") -> argparse.ArgumentParser:
+    """The options of a benchmark that looks into one cell (`one_cell_main`)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--cell", default=default_cell, help="bench_device.py's cell key")
+    parser.add_argument("--policies", type=lambda t: [p for p in t.split(",") if p],
+                        default=list(policies), help="comma-separated" + policies_help)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--copy-cache", type=Path, default=None)
+    parser.add_argument("--pin", type=Path, default=PINNED)
+    parser.add_argument("--doc-only", action="store_true",
+                        help=f"re-render the page from {data.relative_to(ROOT)}")
+    return parser
+
+
+def one_cell_main(parser: argparse.ArgumentParser, args: argparse.Namespace, data: Path,
+                  doc: Path, render: Callable[[Sequence[dict[str, Any]]], str],
+                  run_cell: Callable[[Cell, Pin], dict[str, Any]]) -> int:
+    """The main of a benchmark that looks into one cell of the grid (bench_contention,
+    bench_cpu_profile): unless --doc-only, `run_cell` on --cell with the pinned profile
+    and its entry appended to `data`; then every entry of `data` rendered to `doc`."""
+    entries = json.loads(data.read_text()) if data.exists() else []
+    if not args.doc_only:
+        cells = {cell.key: cell for cell in grid()}
+        if args.cell not in cells:
+            parser.error(f"--cell: {args.cell!r} is not a cell of bench_device.py's grid")
+        entries.append(run_cell(cells[args.cell], pinned_stores(args)))
+        atomic_write_text(data, json.dumps(entries) + "\n")
+    if not entries:
+        parser.error(f"{data}: no entry yet (run without --doc-only, as root)")
+    atomic_write_text(doc, render(entries))
+    print(f"wrote {doc}")
+    return 0
+
+
 def store_of(cell: Cell, args: argparse.Namespace) -> Path:
     store = args.cache if cell.store == "mmap" else args.copy_cache
     if cell.memory_scale != 1.0:
