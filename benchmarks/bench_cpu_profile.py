@@ -43,6 +43,40 @@ POLICIES = ("bulk", "masa", "deepeye")
 SAMPLE_HZ = 199  # a prime, so sampling does not beat with a periodic task
 SHOWN = 6  # kernel entries and user objects named per thread group
 
+ANALYSIS = """\
+## Reading
+
+Written by hand on 2026-11-28 (session 37) from the light cell's entry above; the
+tables are regenerated from the JSON, this text is not.
+
+- **The three policies spend their CPU alike; Masa's threads wait for it.** The loop
+  ran 13.7-17.1 s on a CPU over the 60 s of arrivals, about half of it in the kernel,
+  the workers 52.8-58.8 s, a third in the kernel. Masa's workers waited 13.7 s for a
+  CPU against DeepEye's 8.2 s and Bulk's 2.4 s, and its loop 9.6 s against Bulk's
+  2.0 s: as bench-contention.md found from schedstat alone, Bulk leaves a core idle
+  for the loop and Masa does not. perf's seconds and schedstat's agree within 5%.
+- **About 30% of the run's CPU is the price of Masa's memory discipline, under every
+  policy.** Locking each LOAD's mapped weights (mlock: 15-16% of the workers'
+  samples), unmapping them and the session's own mapping at the release (munmap:
+  25-27% of the loop's), returning freed heap after a release (madvise, the
+  malloc_trim of masa.runtime.threads: 8-13% of the loop's) and faulting pages in
+  (page faults: 10-11% of the workers', 8-9% of the loop's; in Masa's first perf run
+  of the cell, not kept, about two in five of the workers' were fresh anonymous
+  memory, the activations each EXEC maps anew since glibc's mmap threshold is pinned
+  at 1 MiB and hands every larger buffer back at free,
+  model_prep.session.pin_malloc_threshold, and about one in three the weights
+  through the session's own mapping of its file). For
+  Masa that is 22.4 s of 75.9 s, for Bulk 21.3 of 69.4. Each guards a budget: locked
+  weights cannot be reclaimed before their EXEC, returned memory is not held beyond
+  the ledger. Where the cap leaves room for every stage file beside the budget none
+  of it would be needed, but the grid's caps are the budget plus the runtime's base,
+  so no cell has that room.
+- **One more run of the cell, another mean.** DeepEye's run here took 1.77 s, below
+  its four recorded runs (3.1-5.3 s) and 7% under the calibrated simulation's 1.9 s;
+  Masa's 3.17 s and Bulk's 8.59 s fall inside and below theirs (2.2-3.4 s,
+  10.0-13.1 s). These runs are not in bench-device.jsonl (perf sampled them).
+"""
+
 
 def profile_cell(cell: Any, policies: Sequence[str], args: argparse.Namespace, pin: Any
                  ) -> dict[str, Any]:
@@ -113,7 +147,7 @@ def render(entries: Sequence[dict[str, Any]]) -> str:
         for run in entry["runs"]:
             lines += _run_rows(run, entry["sample_hz"])
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + ANALYSIS
 
 
 def _run_rows(run: dict[str, Any], hz: int) -> list[str]:
