@@ -167,9 +167,9 @@ def read_fresh(path: str | Path) -> int:
     it cannot be opened. Pages another process maps or locks stay as they are.
 
     How a file's pages were cached sets what mapping them costs later: read
-    this way the kernel caches them in large folios, written by a slow writer
-    or read a page at a time in 4 KiB ones, and then locking, unmapping and
-    first-run faults cost up to 10x more (FaceNet's 144 MiB fc stage on this
+    this way the kernel caches them in large folios, read a page at a time in
+    4 KiB ones, and then locking, unmapping and first-run faults cost up to 10x
+    more (FaceNet's 144 MiB fc stage on this
     host: a LOAD 19.4 ms instead of 2.3 ms, its session's release 15 ms
     instead of 0.8; docs/profiling.md). The profiler reads every stage file
     this way first, so that a profile does not depend on the page cache's past.
