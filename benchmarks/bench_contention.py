@@ -389,5 +389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return device_bench.one_cell_main(parser, args, DATA, DOC, render,
                                       lambda cell, pin: trace_cell(cell, policies, args, pin))
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

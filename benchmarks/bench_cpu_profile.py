@@ -195,5 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser, args, DATA, DOC, render,
         lambda cell, pin: profile_cell(cell, args.policies, args, pin))
 
+
 if __name__ == "__main__":
     raise SystemExit(main())
