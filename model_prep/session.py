@@ -390,7 +390,14 @@ def pin_malloc_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     process then measured 1.6-1.9x the memory its ledger reserved (24-26 MiB
     anonymous at a 15 MiB reservation), against 0.95-1.1x pinned at 1 MiB,
     which cost 1-12% of a stage chain's CPU time (TinyYOLO, GoogLeNet,
-    EmotionNet at scale 0.5, measured on a busy machine).
+    EmotionNet at scale 0.5, measured on a busy machine). Measured again at
+    scale 1 on a quiet host (2026-11-28, each stage on a fresh session, run
+    once, no trim), EXEC CPU per chain against the freed heap the process then
+    keeps at its peak: at 1 MiB TinyYOLO 42.7 ms, EmotionNet 76.6, FaceNet 22.2,
+    AgeNet 12.1, keeping 3.8 MiB; at 8 MiB 37.3, 71.6, 21.7, 11.2, keeping 21.3
+    MiB; at 16-64 MiB 33.9-34.0, 70.1-70.6, 22.1, 11.3-11.5, keeping 21.7-24.5
+    MiB. So up to a fifth of a conv network's EXEC time is faulting in fresh
+    activations, and saving it takes some 20 MiB per worker outside the ledger.
     """
     global _pinned_threshold_bytes
     if _pinned_threshold_bytes == threshold_bytes:
