@@ -122,9 +122,37 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> NetworkManifest:
     return build_network(tmp_path_factory.mktemp("store") / "tiny")
 
 
+class _GapRecorder(logging.Handler):
+    """The (stage, phase) pairs the profiler reports, at DEBUG, as observed with its
+    sampler descheduled in every attempt (a busy machine): there, by its own account,
+    the sampled peak may be low."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.gapped: set[tuple[str, str]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "descheduled" in record.getMessage() and isinstance(record.args, tuple):
+            self.gapped.add((str(record.args[0]), str(record.args[1])))
+
+
 @pytest.fixture(scope="module")
-def profiled(network: NetworkManifest) -> Profiled:
-    return profile_network(network, runs=RUNS, sample_attempts=SAMPLE_ATTEMPTS)
+def profiled_and_gapped(network: NetworkManifest) -> tuple[Profiled, set[tuple[str, str]]]:
+    logger = logging.getLogger("model_prep.profile")
+    recorder, level = _GapRecorder(), logger.level
+    logger.addHandler(recorder)
+    logger.setLevel(logging.DEBUG)
+    try:
+        profiled = profile_network(network, runs=RUNS, sample_attempts=SAMPLE_ATTEMPTS)
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(level)
+    return profiled, recorder.gapped
+
+
+@pytest.fixture(scope="module")
+def profiled(profiled_and_gapped: tuple[Profiled, set[tuple[str, str]]]) -> Profiled:
+    return profiled_and_gapped[0]
 
 
 # RSS counters are kept per CPU in batches of up to 32 pages (docs/profiling.md,
@@ -156,11 +184,21 @@ def test_every_stage_is_profiled_with_plausible_fields(
     assert base.first_session_bytes >= 0
 
 
-def test_kernel_and_sampled_peaks_agree_per_stage(profiled: Profiled) -> None:
-    profiles, _ = profiled
+def test_kernel_and_sampled_peaks_agree_per_stage(
+        profiled_and_gapped: tuple[Profiled, set[tuple[str, str]]]) -> None:
+    (profiles, _), gapped = profiled_and_gapped
+    compared = 0
     for stage_id, profile in profiles.items():
-        assert _agree(profile.load_peak_bytes, profile.sampled_load_peak_bytes), (stage_id, profile)
-        assert _agree(profile.exec_peak_bytes, profile.sampled_exec_peak_bytes), (stage_id, profile)
+        for phase, exact, sampled in (
+                ("load", profile.load_peak_bytes, profile.sampled_load_peak_bytes),
+                ("exec", profile.exec_peak_bytes, profile.sampled_exec_peak_bytes)):
+            if (stage_id, phase) in gapped:
+                continue  # the sampler was descheduled in every attempt: it says so
+            assert _agree(exact, sampled), (stage_id, phase, profile)
+            compared += 1
+    if not compared:
+        pytest.skip(f"every observation had the sampler descheduled (a busy machine): "
+                    f"{sorted(gapped)}")
 
 
 def test_load_peak_covers_resident_which_covers_weights(
