@@ -285,11 +285,9 @@ ANALYSIS = """\
 
 def render(entries: Sequence[dict[str, Any]]) -> str:
     lines = ["# Contention, task by task: where the simulator's CPU time is off", "",
-             "Written by `benchmarks/bench_contention.py` from "
-             "docs/bench-data/contention.json (regenerate: `python "
-             "benchmarks/bench_contention.py --doc-only`; run again: `sudo python "
-             "benchmarks/bench_contention.py --cell KEY`, root and cgroups needed). "
-             "Each policy ran the cell once for real on the emulated device with a "
+             device_bench.one_cell_provenance("bench_contention.py", DATA,
+                                              "root and cgroups")
+             + "Each policy ran the cell once for real on the emulated device with a "
              "Chrome trace; the calibrated simulation of the same run wrote its own. "
              "A stage's time alone is the median of its EXECs that ran while no other "
              "worker ran a task, in Bulk's run (its EXECs run alone); the multipliers "

@@ -32,6 +32,7 @@ from typing import Any
 
 import bench_device as device_bench
 
+from masa.common.libc import WORKER_THREAD_PREFIX
 from masa.report.cpu_profile import parse_perf_script, run_threads
 from masa.runtime.emulation import check_emulation, run_emulated
 
@@ -127,11 +128,9 @@ def profiled_run(cell: Any, policy: str, where: tuple[Path, Path, int], scratch:
 
 def render(entries: Sequence[dict[str, Any]]) -> str:
     lines = ["# Where the CPU time goes: one cell under perf", "",
-             "Written by `benchmarks/bench_cpu_profile.py` from "
-             "docs/bench-data/cpu-profile.json (regenerate: `python "
-             "benchmarks/bench_cpu_profile.py --doc-only`; run again: `sudo python "
-             "benchmarks/bench_cpu_profile.py --cell KEY`, root, cgroups and perf "
-             "needed). Each policy ran the cell once for real on the emulated device "
+             device_bench.one_cell_provenance("bench_cpu_profile.py", DATA,
+                                              "root, cgroups and perf")
+             + "Each policy ran the cell once for real on the emulated device "
              "(bench_device.py's jobs, cap, card and cold cache) while `perf record -a -g` "
              "sampled every CPU. A thread group's seconds are its samples over the "
              "sampling rate; a kernel sample is named by the system call or page fault "
@@ -153,7 +152,7 @@ def render(entries: Sequence[dict[str, Any]]) -> str:
 def _run_rows(run: dict[str, Any], hz: int) -> list[str]:
     rows = []
     schedstat = run.get("schedstat_s") or {}
-    names = {"loop": "python", "workers": "masa-worker"}
+    names = {"loop": "python", "workers": WORKER_THREAD_PREFIX}
     for name in ("loop", "workers"):
         group = run["threads"].get(name)
         if group is None:

@@ -1129,6 +1129,14 @@ def one_cell_parser(doc: str, default_cell: str, policies: Sequence[str], data: 
     return parser
 
 
+def one_cell_provenance(script: str, data: Path, needs: str) -> str:
+    """The sentence that opens a one-cell benchmark's page: what wrote it, from which
+    file, and how to render or run it again."""
+    return (f"Written by `benchmarks/{script}` from {data.relative_to(ROOT)} (regenerate: "
+            f"`python benchmarks/{script} --doc-only`; run again: `sudo python "
+            f"benchmarks/{script} --cell KEY`, {needs} needed). ")
+
+
 def one_cell_main(parser: argparse.ArgumentParser, args: argparse.Namespace, data: Path,
                   doc: Path, render: Callable[[Sequence[dict[str, Any]]], str],
                   run_cell: Callable[[Cell, Pin], dict[str, Any]]) -> int:

@@ -41,6 +41,10 @@ LIBC = _load_libc()
 
 PR_SET_NAME = 15
 THREAD_NAME_BYTES = 15  # the kernel keeps a thread's name in 16 bytes with its NUL
+# The executor's worker threads are named WORKER_THREAD_PREFIX-N (masa.runtime.threads);
+# per-thread readers (the emulation's schedstat sampler, masa.report.cpu_profile)
+# group them by this prefix.
+WORKER_THREAD_PREFIX = "masa-worker"
 
 
 def name_this_thread(name: str) -> None:

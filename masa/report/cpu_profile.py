@@ -20,9 +20,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from masa.common.libc import WORKER_THREAD_PREFIX
+
 KERNEL_OBJECT = "[kernel.kallsyms]"
 PAGE_FAULT = "page fault"
-WORKER_PREFIX = "masa-worker"
 _HEADER = re.compile(r"^(\S.*?)\s+(\d+)/(\d+)\b")
 
 
@@ -107,7 +108,7 @@ def run_threads(samples: Sequence[PerfSample]) -> dict[str, ThreadCpu]:
     """The run's process (the one whose threads are named masa-worker-N): its loop (the
     main thread), its workers together, and its other threads by name; empty where no
     worker was sampled."""
-    pids = collections.Counter(s.pid for s in samples if s.comm.startswith(WORKER_PREFIX))
+    pids = collections.Counter(s.pid for s in samples if s.comm.startswith(WORKER_THREAD_PREFIX))
     if not pids:
         return {}
     pid = pids.most_common(1)[0][0]
@@ -115,6 +116,6 @@ def run_threads(samples: Sequence[PerfSample]) -> dict[str, ThreadCpu]:
     groups: dict[str, list[PerfSample]] = {"loop": [], "workers": []}
     for sample in mine:
         name = ("loop" if sample.tid == pid else "workers"
-                if sample.comm.startswith(WORKER_PREFIX) else sample.comm)
+                if sample.comm.startswith(WORKER_THREAD_PREFIX) else sample.comm)
         groups.setdefault(name, []).append(sample)
     return {name: thread_cpu(group) for name, group in groups.items()}

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from masa.common.errors import UserError
+from masa.common.libc import WORKER_THREAD_PREFIX
 from masa.common.procmem import drop_cached
 from masa.runtime.device import Device
 
@@ -470,7 +471,7 @@ class _Sampler:
         """EmulatedRun.thread_cpu_s from the threads' last samples."""
         by_name: dict[str, list[float]] = {}
         for name, run_ns, wait_ns in self.threads.values():
-            group = "masa-worker" if name.startswith("masa-worker") else name
+            group = WORKER_THREAD_PREFIX if name.startswith(WORKER_THREAD_PREFIX) else name
             seconds = by_name.setdefault(group, [0.0, 0.0])
             seconds[0] += run_ns / 1e9
             seconds[1] += wait_ns / 1e9

@@ -57,7 +57,7 @@ import numpy as np
 import onnxruntime as ort
 
 from masa.common.errors import one_line
-from masa.common.libc import name_this_thread
+from masa.common.libc import WORKER_THREAD_PREFIX, name_this_thread
 from masa.common.procmem import (
     CgroupMeter,
     CgroupRunMemory,
@@ -583,7 +583,7 @@ class ThreadBackend:
         self.meter.begin()
         for index in range(self.config.workers):
             thread = threading.Thread(target=self._worker, args=(index,), daemon=True,
-                                      name=f"masa-worker-{index}")
+                                      name=f"{WORKER_THREAD_PREFIX}-{index}")
             thread.start()
             self.threads.append(thread)
         self.start_s = self.clock()
@@ -810,7 +810,7 @@ class ThreadBackend:
                         self.outputs.setdefault(task.group, {})[tensor.name] = value
 
     def _worker(self, index: int) -> None:
-        name_this_thread(f"masa-worker-{index}")
+        name_this_thread(f"{WORKER_THREAD_PREFIX}-{index}")
         while True:
             task = self.work_queues[index].get()
             if task is None:
