@@ -280,6 +280,36 @@ ANALYSIS = """\
   before, while DeepEye's took 1.14x in both. The multiplier holds a fresh session's
   first run as well as the other task beside it, so no one figure is the contention
   alone.
+- **Each stage's first run, tried, not adopted** (2026-11-28, session 38). Every stage
+  of the nine networks timed as the executor runs it (files read afresh, loaded and
+  locked, glibc's mmap threshold pinned; the median over 5 fresh sessions of the
+  first run and of the 5 runs after it) and scaled so that a network's first runs
+  total its profiled time: first stages come to 1.0-1.4x their profiled time, the
+  largest fc stages 0.63-0.75x, the final stages of a few us 2-12x, and a session's
+  later runs take 0.84-0.95 of its first, network by network. Simulating each EXEC at
+  its stage's first-run factor, or at its later-run factor where the session was
+  kept from an earlier job, left Bulk where it was and Masa without kept stages
+  within 1.3%; Masa with kept stages came 3-19% faster (closer in the large cells,
+  mixed at 1 GiB / 0.9 +15% -> -4%, further in the small ones, small at 512 MiB /
+  0.9 -4% -> -19%); and DeepEye, whose conv lane gains the time the fc stages lose,
+  up to 20% slower: light's DeepEye -51% -> -44%, but mixed at 2 GiB and over 120 s
+  and lifelogging at 2 GiB went past +30%. 80 of the 90 runs within 30%, against
+  85.
+- **The GIL's switch interval, tried, no effect** (2026-11-28, session 38; the light
+  cell, Masa and DeepEye each run four times on the emulated device, alternating the
+  setting, not recorded). The engineering notes found a busy Python thread slowing a
+  worker's run by 30-50% at Python's default 5 ms switch interval. With the executor
+  at 0.5 ms Masa took 4.76 and 2.48 s against 4.72 and 5.07 s at 5 ms, and DeepEye
+  4.21 and 3.44 s against 4.87 and 2.56 s: no difference beyond one run's spread.
+  What the eight runs show instead: the same jobs cost different CPU from one run to
+  the next, and the mean goes with it. Masa's workers spent 62.8-63.3 s on a CPU in
+  its three slow runs (4.7-5.1 s) and 56.6 s in its fast one (2.5 s), its loop
+  18.7-19.3 s against 16.6 s; DeepEye's workers 59.2-59.5 s at 4.2-4.9 s and
+  55.6-58.1 s at 2.6-3.4 s (the emulation's schedstat). A tenth more CPU for the
+  same tasks is what separates a run that drains its cold start's backlog from one
+  that does not; the simulator charges every run of a cell the same time per task
+  (at its host probe), so where the CPU binds near saturation no one figure is
+  within 30% of every run.
 """
 
 

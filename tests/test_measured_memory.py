@@ -500,10 +500,10 @@ def test_the_sampler_wakes_only_while_a_task_runs(tmp_path: Path) -> None:
 
 def test_freed_heap_within_the_slack_above_what_a_trim_left_is_kept(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A daemon keeps up to heap_slack_bytes of freed heap (its requests' buffers, reused
-    instead of faulted in again) above what its last trim could not return; beyond
-    that the idle loop and a stage unload trim. Without a slack (a batch run) they trim
-    whenever anything is unmodelled, as before."""
+    """A run keeps up to heap_slack_bytes of freed heap (buffers reused instead of
+    faulted in again) above what its last trim could not return; beyond that the idle
+    loop and a stage unload trim. Without a slack they trim whenever anything is
+    unmodelled."""
     import masa.runtime.threads as threads
     from masa.runtime.registry import make_policy
     from masa.sched.core import new_state
@@ -547,6 +547,36 @@ def test_freed_heap_within_the_slack_above_what_a_trim_left_is_kept(
     assert trimmed == ["trim", "trim"]
     backend.before_select(state)  # nothing unmodelled: nothing to trim
     assert trimmed == ["trim", "trim"]
+
+
+@pytest.mark.real
+def test_masa_run_keeps_the_default_heap_slack(small_zoo_store: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`masa run` (the runner) keeps freed heap up to min(4 MiB, budget / 64) rather than
+    trimming after every unload, as the daemon does."""
+    import masa.runtime.runner as runner
+    from masa.runtime.threads import default_heap_slack_bytes
+
+    configs = []
+
+    class Recording(runner.RealExecutor):
+        def __init__(self, graph: Any, manifests: Any, inputs_for: Any, config: Any,
+                     **kwargs: Any) -> None:
+            configs.append(config)
+            super().__init__(graph, manifests, inputs_for, config, **kwargs)
+
+    monkeypatch.setattr(runner, "RealExecutor", Recording)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("graph: [agenet]\ninput: random\n"
+                        "arrivals: {kind: periodic, interval_ms: 1, count: 2, seed: 3}\n")
+    for budget_mib, slack_bytes in ((64, MIB), (1024, 4 * MIB)):
+        outcome = runner.execute(runner.prepare_run(workload, small_zoo_store),
+                                 runner.RunSettings(workers=1,
+                                                    memory_budget_bytes=budget_mib * MIB),
+                                 simulate=False)
+        assert set(outcome.network_status.values()) == {"done"} and len(outcome.jobs) == 2
+        assert configs[-1].heap_slack_bytes == slack_bytes
+        assert default_heap_slack_bytes(budget_mib * MIB) == slack_bytes
 
 
 def _set_last(backend: Any, unmodelled_bytes: int) -> int:

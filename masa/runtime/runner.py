@@ -32,6 +32,7 @@ from masa.runtime.threads import (
     RealExecutor,
     RealRunConfig,
     RealRunResult,
+    default_heap_slack_bytes,
 )
 from masa.runtime.virtual import DeviceModel, SimulationResult, simulate_graph
 from masa.sched.context import CONTEXT_MODES, ContextController
@@ -367,7 +368,8 @@ def _run_real(prepared: PreparedRun, settings: RunSettings,
                       read_ahead_bytes=settings.read_ahead_bytes,
                       keep_cached_bytes=settings.keep_cached_bytes,
                       cache_first=settings.cache_first,
-                      keep_loaded_bytes=settings.keep_loaded_bytes),
+                      keep_loaded_bytes=settings.keep_loaded_bytes,
+                      heap_slack_bytes=default_heap_slack_bytes(settings.memory_budget_bytes)),
         context=controller,
     )
     executor.driver.observers.extend(observers)

@@ -56,7 +56,7 @@ from masa.common.units import format_bytes
 from masa.runtime.driver import Driver, Observer
 from masa.runtime.registry import close_policy, keep_loaded_for, make_policy, weights_copied
 from masa.runtime.runner import with_transform_waits
-from masa.runtime.threads import RealRunConfig, ThreadBackend
+from masa.runtime.threads import RealRunConfig, ThreadBackend, default_heap_slack_bytes
 from masa.sched.context import ContextController, parse_group
 from masa.sched.core import GroupStatus, OverCommit, new_state
 from masa.sched.jobs import JobSpec, build_job_graph, group_id, network_plans, stage_costs
@@ -126,14 +126,6 @@ def resolve_budget(config: ServeConfig) -> tuple[int, str]:
     if budget <= 0:
         raise UserError(f"{config.source}: at 'memory': {how} leaves no memory; set a size")
     return budget, how
-
-
-def heap_slack_bytes(budget_bytes: int) -> int:
-    """The freed heap the daemon keeps between requests (RealRunConfig): a request's
-    buffers (a 600 KB tensor is read in 256 KiB pieces and joined) are reused instead
-    of faulted in again, ~1 ms of each request. At most 1/64 of the budget, so what
-    it takes from the budget the core sees stays small."""
-    return min(4 * 2**20, budget_bytes // 64)
 
 
 def _mem_available_bytes() -> int:
@@ -245,7 +237,7 @@ class Service:
             RealRunConfig(workers=config.workers, memory_budget_bytes=self.budget_bytes,
                           policy=config.policy, memory_source=config.memory_source,
                           intra_op_threads=config.intra_op_threads, keep_outputs=True,
-                          heap_slack_bytes=heap_slack_bytes(self.budget_bytes),
+                          heap_slack_bytes=default_heap_slack_bytes(self.budget_bytes),
                           keep_cached_bytes=config.keep_cached_bytes))
         self.driver = Driver(self.state, self.backend, context=controller,
                              observers=[_JobObserver(self)], forget_ended=True)
