@@ -76,6 +76,15 @@ tables are regenerated from the JSON, this text is not.
   its four recorded runs (3.1-5.3 s) and 7% under the calibrated simulation's 1.9 s;
   Masa's 3.17 s and Bulk's 8.59 s fall inside and below theirs (2.2-3.4 s,
   10.0-13.1 s). These runs are not in bench-device.jsonl (perf sampled them).
+- **Since 3e695af the loop trims less** (2026-11-28, session 38; the profile above is
+  of daace0d, where the loop returned freed heap after every release). Runs now keep
+  up to min(4 MiB, budget / 64) of it, as the daemon did
+  (masa.runtime.threads.default_heap_slack_bytes). In four runs of this cell each
+  way, alternating, on the emulated device (not recorded), Masa's loop spent
+  14.2-15.6 s on a CPU instead of 17.1-17.7 s, its workers 53.4-56.6 s instead of
+  57.4-58.8 s, and its mean response was 1.8-2.3 s instead of 2.3-3.1 s; its
+  measured peak rose by 5-7 MiB, to 268-270 MiB (reserved 354 MiB, budget 1 GiB).
+  This profile was not run again.
 """
 
 
