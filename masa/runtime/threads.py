@@ -116,8 +116,10 @@ HEAP_SLACK_MAX_BYTES = 4 * 2**20
 
 def default_heap_slack_bytes(budget_bytes: int) -> int:
     """The freed heap a run keeps (RealRunConfig.heap_slack_bytes): min(4 MiB, budget /
-    64), so what it takes from the budget the core sees stays small (measured memory
-    counts it, and the budget shrinks by it). Returned after every unload instead,
+    64), so what it takes from the budget the core sees stays small (with measured
+    memory, the default, it counts there and the budget shrinks by it; with
+    `memory_source="model"` the loop still trims after every unload and only
+    free()'s own threshold keeps it). Returned after every unload instead,
     it is faulted in again by the next EXEC's allocations: in the light cell on the
     emulated 1 GiB device (bench_device.py's jobs, four runs each way) the loop spent
     12-17% less CPU with it, the workers 4-7% less, and Masa's mean response fell from
