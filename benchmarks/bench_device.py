@@ -1258,7 +1258,7 @@ def run_grid(args: argparse.Namespace) -> None:
 # took 1.2-2.1x their profiled time (median 1.44x) where those since take
 # 0.92-1.31x (1.09x) at a probe of 0.85-0.97x: the same jobs were a heavier load.
 # Since 2026-11-28T11:56:46 (3e695af) runs keep up to min(4 MiB, budget / 64) of
-# freed heap instead of trimming after every unload (the loop's CPU fell by an eighth
+# freed heap instead of trimming after every unload (the loop's CPU fell by 12-17%
 # in the light cell): a new experiment, whose runs are averaged apart from those
 # before. Add a start here when a change to the real executor
 # (masa/runtime/threads.py, model_prep, workloads) makes later runs a different
@@ -2735,11 +2735,12 @@ simulating recorded cells again with every task's time scaled
   returning it after every unload (masa.runtime.threads.default_heap_slack_bytes: in
   the light cell the loop spent 12-17% less CPU, the workers 4-7% less,
   docs/bench-cpu-profile.md). Later runs are a new experiment, averaged apart from
-  those before (`CPU_REPEAT_EPOCHS`). The 15 cells without kept stages at 60 s where
-  the CPU binds, and light and heavy with kept stages, ran again on it, one run per
-  policy. The simulator's CPU figures were fitted again on those runs alone
-  (`--fit-contention`, `--fit-dispatch`: the factors alone moved by -8% to +0%, the
-  multiplier 1.146 -> 1.137, the dispatch time stayed 500 us) and only they were
+  those before (`CPU_REPEAT_EPOCHS`). The 13 cells at 60 s where the CPU binds
+  without kept stages or a read-ahead window, and light and heavy with kept stages,
+  ran again on it, one run per policy. The simulator's CPU figures were fitted again
+  on those runs alone (`--fit-contention`, `--fit-dispatch`: the factors alone moved
+  by -8% to +0%, the multiplier 1.146 -> 1.137, the dispatch time stayed 500 us)
+  and only they were
   simulated again (`--resimulate --since`); the other cells' runs (120 s, the
   read-ahead window, the other kept-stage cells) are from before, simulated as
   recorded. Real means, before -> now: Masa in small at 0.7 0.9-3.1 -> 1.0-1.4 s, at
