@@ -82,8 +82,9 @@ tables are regenerated from the JSON, this text is not.
   (masa.runtime.threads.default_heap_slack_bytes). In four runs of this cell each
   way, alternating, on the emulated device (not recorded), Masa's loop spent
   14.2-15.6 s on a CPU instead of 17.1-17.7 s, its workers 53.4-56.6 s instead of
-  57.4-58.8 s, and its mean response was 1.8-2.3 s instead of 2.3-3.1 s; its
-  measured peak rose by 5-7 MiB, to 268-270 MiB (reserved 354 MiB, budget 1 GiB).
+  57.4-58.8 s, and its mean response was 1.8-2.3 s instead of 2.3-3.1 s; in the
+  two runs each way that recorded it, its measured peak rose from 263.4-263.6 MiB
+  to 268.0-270.1 MiB (reserved 354 MiB, budget 1 GiB).
   This profile was not run again.
 """
 
