@@ -48,6 +48,7 @@ from masa.report.contention import (
     beside_shares,
     fit_contention,
     task_spans,
+    time_ratio_by_context,
 )
 from masa.runtime.emulation import check_emulation, run_emulated
 
@@ -126,6 +127,16 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
     for side, figures in sides.items():
         figures["task_s"] = round(sum(span.duration_us for span in spans[side]) / 1e6, 2)
     shares = {side: beside_shares(side_spans) for side, side_spans in spans.items()}
+    # LOADs per context: whether a policy's LOADs cost what the simulator charges them
+    # where they ran (alone, beside an EXEC, beside another LOAD).
+    profiled_load_us = {(name, stage.stage_id): stage.profile.load_time_us
+                        for name, manifest in prepared.manifests.items()
+                        for stage in manifest.stages if stage.profile}
+    for side, side_spans in spans.items():
+        sides[side]["load_by_context"] = {
+            context: [round(ratio, 3), count] for context, (ratio, count)
+            in time_ratio_by_context(beside_shares(side_spans, kind="load"),
+                                     profiled_load_us).items()}
     return ({"policy": policy, "commit": device_bench._commit(),
              "started": started, "load_before": round(load_before, 2), "host_cpu_scale": probes,
              "sides": sides}, shares)
@@ -354,6 +365,13 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
             f"| {ratios} | {_share(fit_real)} | {_fitted(fit_real, fit_sim, 'alone')} "
             f"| {_fitted(fit_real, fit_sim, 'beside_exec')} "
             f"| {_fitted(fit_real, fit_sim, 'beside_load')} |")
+    loads = [_loads(run) for run in runs if "load_by_context" in run["sides"]["real"]]
+    if loads:
+        lines += ["", "LOAD time per profiled LOAD time (summed over the LOADs), by where "
+                  "it ran: alone, mostly beside another worker's EXEC, mostly beside its "
+                  "LOAD; real / simulated, with how many LOADs (real):", "",
+                  "| policy | alone | beside an EXEC | beside a LOAD |", "|---|---|---|---|",
+                  *loads]
     cpu = [_cpu(run) for run in runs if "cpu_user_s" in run["sides"]["real"]]
     if cpu:
         lines += ["", "The process's CPU time over the run, against the time its LOADs and "
@@ -365,6 +383,16 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
         lines.append(f"| {stage} | {profiled_us / 1e3:.1f} ms | {ratio:.2f}x "
                      f"| {_x((simulated.get(stage) or [0, None])[1])} |")
     return lines + [""]
+
+
+def _loads(run: dict[str, Any]) -> str:
+    real = run["sides"]["real"]["load_by_context"]
+    simulated = run["sides"]["simulated"]["load_by_context"]
+    cells = []
+    for context in ("alone", "beside_exec", "beside_load"):
+        ratio, count = real.get(context, (None, 0))
+        cells.append(f"{_x(ratio)} / {_x((simulated.get(context) or [None])[0])} ({count})")
+    return f"| {run['policy']} | " + " | ".join(cells) + " |"
 
 
 def _cpu(run: dict[str, Any]) -> str:

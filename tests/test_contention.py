@@ -20,6 +20,7 @@ from masa.report.contention import (
     beside_shares,
     fit_contention,
     task_spans,
+    time_ratio_by_context,
 )
 from masa.report.report import chrome_trace
 from masa.runtime.virtual import DeviceModel, simulate_graph
@@ -92,6 +93,42 @@ def test_shares_count_only_the_other_workers_time_within_the_exec() -> None:
     # b/s0 [150, 250): a/s0 until 200, a/s1 [200, 210): 60 of its 100 us
     assert (shares["b", "s0"].beside_exec, shares["b", "s0"].beside_load) == (0.6, 0.0)
     assert (shares["a", "s1"].beside_exec, shares["a", "s1"].beside_load) == (1.0, 0.0)
+
+
+def test_loads_are_read_by_context_as_the_simulator_charged_them() -> None:
+    """A LOAD alone takes its profiled time; beside another task the simulator stretches
+    the part it overlaps, so each context's time ratio lies between 1 and the multiplier."""
+    graph = _jobs(seed=11)
+    profiled_us = {(f"n{n}", "s0"): 150 + 100 * n for n in range(3)}
+    ratios = {}
+    for multiplier in (1.0, 1.4):
+        device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0,
+                             read_bytes_per_s=None, stages={}, cold_cache=False,
+                             shared_cpu_multiplier=multiplier, shared_cpu_while_running=True)
+        result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
+        spans = task_spans(chrome_trace(graph, result.schedule, workers=2))
+        ratios[multiplier] = time_ratio_by_context(beside_shares(spans, kind="load"),
+                                                   profiled_us)
+    assert set(ratios[1.4]) == {"alone", "beside_exec", "beside_load"}
+    assert sum(count for _, count in ratios[1.4].values()) == 200
+    assert all(ratio == pytest.approx(1.0) for ratio, _ in ratios[1.0].values())
+    assert ratios[1.4]["alone"][0] == pytest.approx(1.0, abs=0.01)
+    for context in ("beside_exec", "beside_load"):
+        assert 1.1 < ratios[1.4][context][0] < 1.4
+
+
+def test_a_task_s_context_is_the_kind_it_ran_beside_longest() -> None:
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "load", "name": "LOAD a/s0", "tid": 0, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "load", "name": "LOAD b/s0", "tid": 1, "ts": 60, "dur": 40},
+        {"ph": "X", "cat": "load", "name": "LOAD a/s1", "tid": 0, "ts": 200, "dur": 300},
+        {"ph": "X", "cat": "exec", "name": "EXEC b/s0", "tid": 1, "ts": 300, "dur": 100},
+    ]}
+    shares = beside_shares(task_spans(trace), kind="load")
+    ratios = time_ratio_by_context(shares, {("a", "s0"): 50, ("a", "s1"): 100,
+                                            ("b", "s0"): 20})
+    # a/s0 and b/s0 overlap for 40 us: beside a LOAD; a/s1 beside the EXEC for a third
+    assert ratios == {"beside_exec": (3.0, 1), "beside_load": (140 / 70, 2)}
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/comm").exists(),

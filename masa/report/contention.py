@@ -22,6 +22,9 @@ reference and
 Fitted with a share beside an EXEC and a share beside a LOAD, weighted by the
 stage's time alone (long tasks count as long): the constant c0 gives a = 1 / (1 - c0)
 and each share's coefficient c gives m = 1 / (1 - c / (1 - c0)).
+LOADs are read the same way (`beside_shares(spans, kind="load")`): their time per
+profiled time in each context (`time_ratio_by_context`), alone, mostly beside an EXEC,
+mostly beside a LOAD, says whether a policy's LOADs cost what the simulator charges.
 Pure: lists of numbers in, numbers out.
 """
 
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALONE_SHARE = 0.05  # an EXEC that ran beside another task for less than this ran alone
+ALONE_SHARE = 0.05  # a task that ran beside another task for less than this ran alone
 MIN_ALONE_RUNS = 5  # a stage's time alone is the median of at least this many EXECs
 
 
@@ -60,7 +63,7 @@ class TaskSpan:
 
 @dataclass(frozen=True)
 class BesideShares:
-    """An EXEC and the shares of its time another worker spent on an EXEC, on a LOAD."""
+    """A task and the shares of its time another worker spent on an EXEC, on a LOAD."""
 
     task: TaskSpan
     beside_exec: float
@@ -94,16 +97,17 @@ def task_spans(trace: Mapping | Sequence) -> list[TaskSpan]:
     return sorted(spans, key=lambda span: (span.start_us, span.worker))
 
 
-def beside_shares(spans: Sequence[TaskSpan]) -> list[BesideShares]:
-    """Every EXEC with the shares of its time the other workers spent on EXECs and LOADs
-    (a worker runs one task at a time, so its tasks are sorted by their ends too)."""
+def beside_shares(spans: Sequence[TaskSpan], kind: str = "exec") -> list[BesideShares]:
+    """Every task of `kind` ("exec" or "load") with the shares of its time the other
+    workers spent on EXECs and LOADs (a worker runs one task at a time, so its tasks are
+    sorted by their ends too)."""
     by_worker: dict[int, list[TaskSpan]] = {}
     for span in spans:
         by_worker.setdefault(span.worker, []).append(span)
     ends = {worker: [span.end_us for span in tasks] for worker, tasks in by_worker.items()}
     shares = []
     for span in spans:
-        if span.kind != "exec" or span.duration_us <= 0:
+        if span.kind != kind or span.duration_us <= 0:
             continue
         overlap = {"exec": 0, "load": 0}
         for worker, tasks in by_worker.items():
@@ -125,7 +129,7 @@ def alone_times_us(shares: Iterable[BesideShares]) -> dict[tuple[str, str], floa
     for the stages with at least MIN_ALONE_RUNS of them."""
     alone: dict[tuple[str, str], list[int]] = {}
     for share in shares:
-        if share.beside_exec + share.beside_load < ALONE_SHARE:
+        if context_of(share) == "alone":
             alone.setdefault(share.task.stage, []).append(share.task.duration_us)
     return {stage: float(statistics.median(times)) for stage, times in alone.items()
             if len(times) >= MIN_ALONE_RUNS}
@@ -156,3 +160,30 @@ def fit_contention(shares: Iterable[BesideShares],
                               for i in range(2))
     return ContentionFit(1 / (1 - alone_c), 1 / (1 - exec_c), 1 / (1 - load_c), share_exec,
                          share_load, len(rows))
+
+
+def context_of(share: BesideShares) -> str:
+    """Where a task ran: "alone" (beside another task for under ALONE_SHARE of its
+    time), else "beside_exec" or "beside_load", whichever took more of its time."""
+    if share.beside_exec + share.beside_load < ALONE_SHARE:
+        return "alone"
+    return "beside_exec" if share.beside_exec >= share.beside_load else "beside_load"
+
+
+def time_ratio_by_context(shares: Iterable[BesideShares],
+                          profiled_us: Mapping[tuple[str, str], float]
+                          ) -> dict[str, tuple[float, int]]:
+    """Per context (`context_of`): the tasks' time over their stages' profiled time
+    (sums, so long tasks count as long) and how many tasks; stages without a profiled
+    time are left out."""
+    sums: dict[str, list[float]] = {}
+    for share in shares:
+        profiled = profiled_us.get(share.task.stage, 0)
+        if profiled <= 0:
+            continue
+        total = sums.setdefault(context_of(share), [0.0, 0.0, 0])
+        total[0] += share.task.duration_us
+        total[1] += profiled
+        total[2] += 1
+    return {context: (took / profiled, int(count))
+            for context, (took, profiled, count) in sorted(sums.items())}
