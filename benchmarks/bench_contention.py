@@ -13,6 +13,9 @@ calibrated simulation of the same run writes its trace too. From each trace
 - the multipliers beside another worker's EXEC and beside its LOAD that explain the
   EXECs' times given those times alone (Bulk's trace gives them: its EXECs run
   alone), next to the simulator's, read back from its own trace the same way;
+- the LOADs the same way: their time per profiled LOAD time alone, mostly beside an
+  EXEC and mostly beside another LOAD, and the multipliers fitted against Bulk's
+  LOADs alone (Bulk's LOADs run alone or beside its other LOADs);
 - the run's CPU time (user and system) against the time its tasks ran, and each of
   its threads' time on a CPU and waiting for one (the emulation's
   EmulatedRun.thread_cpu_s, from the kernel's schedstat): whether a task that takes
@@ -72,20 +75,29 @@ def trace_cell(cell: Any, policies: Sequence[str], args: argparse.Namespace, pin
         base_bytes = device_bench.measure_base(cell, store, workload)
         traced = [traced_run(cell, policy, prepared, (store, workload, base_bytes), pin,
                              scratch) for policy in policies]
-    profiled_us = {(name, stage.stage_id): stage.profile.exec_time_us
-                   for name, manifest in prepared.manifests.items()
-                   for stage in manifest.stages if stage.profile}
+    found = analyse({run["policy"]: shares["exec"] for run, shares in traced},
+                    _profiled_us(prepared, "exec"))
+    # LOADs fitted the same way, against Bulk's LOADs alone (docs/bench-contention.md)
+    found["loads"] = analyse({run["policy"]: shares["load"] for run, shares in traced},
+                             _profiled_us(prepared, "load"))
     return {"cell": cell.key, "base_mib": round(base_bytes / device_bench.MIB, 1),
-            "runs": [run for run, _ in traced],
-            **analyse({run["policy"]: shares for run, shares in traced}, profiled_us)}
+            "runs": [run for run, _ in traced], **found}
+
+
+def _profiled_us(prepared: Any, kind: str) -> dict[tuple[str, str], int]:
+    """Each stage's profiled time of `kind` ("exec" or "load")."""
+    return {(name, stage.stage_id): getattr(stage.profile, f"{kind}_time_us")
+            for name, manifest in prepared.manifests.items()
+            for stage in manifest.stages if stage.profile}
 
 
 def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, int],
                pin: Any, scratch: Path
-               ) -> tuple[dict[str, Any], dict[str, list[BesideShares]]]:
+               ) -> tuple[dict[str, Any], dict[str, dict[str, list[BesideShares]]]]:
     """One real run of `policy` on the cell's emulated device with its trace, and the
     calibrated simulation's trace (host speed probed before and after the run): their
-    figures, and per side (real, simulated) the EXECs' shares beside other tasks.
+    figures, and per kind of task (exec, load) and side (real, simulated) the tasks'
+    shares beside other tasks.
     `where`: the store, the cell's workload file and the measured runtime base."""
     store, workload, base_bytes = where
     budget_bytes = cell.budget_mib * device_bench.MIB
@@ -126,17 +138,14 @@ def traced_run(cell: Any, policy: str, prepared: Any, where: tuple[Path, Path, i
              for side, path in (("real", spec["trace_path"]), ("simulated", sim_trace))}
     for side, figures in sides.items():
         figures["task_s"] = round(sum(span.duration_us for span in spans[side]) / 1e6, 2)
-    shares = {side: beside_shares(side_spans) for side, side_spans in spans.items()}
+    shares = {kind: {side: beside_shares(side_spans, kind) for side, side_spans in spans.items()}
+              for kind in ("exec", "load")}
     # LOADs per context: whether a policy's LOADs cost what the simulator charges them
     # where they ran (alone, beside an EXEC, beside another LOAD).
-    profiled_load_us = {(name, stage.stage_id): stage.profile.load_time_us
-                        for name, manifest in prepared.manifests.items()
-                        for stage in manifest.stages if stage.profile}
-    for side, side_spans in spans.items():
+    for side, load_shares in shares["load"].items():
         sides[side]["load_by_context"] = {
             context: [round(ratio, 3), count] for context, (ratio, count)
-            in time_ratio_by_context(beside_shares(side_spans, kind="load"),
-                                     profiled_load_us).items()}
+            in time_ratio_by_context(load_shares, _profiled_us(prepared, "load")).items()}
     return ({"policy": policy, "commit": device_bench._commit(),
              "started": started, "load_before": round(load_before, 2), "host_cpu_scale": probes,
              "sides": sides}, shares)
@@ -150,7 +159,8 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
 def analyse(shares: dict[str, dict[str, list[BesideShares]]],
             profiled_us: dict[tuple[str, str], int]) -> dict[str, Any]:
     """Per side (real, simulated): each stage's time alone in Bulk's run over its profiled
-    time, and per policy the multipliers fitted against those times alone."""
+    time, and per policy the multipliers fitted against those times alone (the shares
+    and profiled times of EXECs, or of LOADs)."""
     found: dict[str, Any] = {}
     for side in ("real", "simulated"):
         alone = {stage: us for stage, us in alone_times_us(shares["bulk"][side]).items()
@@ -365,13 +375,15 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
             f"| {ratios} | {_share(fit_real)} | {_fitted(fit_real, fit_sim, 'alone')} "
             f"| {_fitted(fit_real, fit_sim, 'beside_exec')} "
             f"| {_fitted(fit_real, fit_sim, 'beside_load')} |")
-    loads = [_loads(run) for run in runs if "load_by_context" in run["sides"]["real"]]
+    loads = [_loads(run, found.get("loads")) for run in runs
+             if "load_by_context" in run["sides"]["real"]]
     if loads:
         lines += ["", "LOAD time per profiled LOAD time (summed over the LOADs), by where "
                   "it ran: alone, mostly beside another worker's EXEC, mostly beside its "
                   "LOAD; real / simulated, with how many LOADs (real):", "",
-                  "| policy | alone | beside an EXEC | beside a LOAD |", "|---|---|---|---|",
-                  *loads]
+                  "| policy | alone | beside an EXEC | beside a LOAD | multiplier alone "
+                  "(against Bulk's), real / simulated | beside an EXEC | beside a LOAD |",
+                  "|---|---|---|---|---|---|---|", *loads]
     cpu = [_cpu(run) for run in runs if "cpu_user_s" in run["sides"]["real"]]
     if cpu:
         lines += ["", "The process's CPU time over the run, against the time its LOADs and "
@@ -385,13 +397,19 @@ def _cell_lines(entry: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _loads(run: dict[str, Any]) -> str:
+def _loads(run: dict[str, Any], fits: dict[str, Any] | None) -> str:
+    """A policy's row of the LOADs' table: their time per profiled by context, and the
+    multipliers fitted on them (entries traced before the LOADs were fitted: '-')."""
     real = run["sides"]["real"]["load_by_context"]
     simulated = run["sides"]["simulated"]["load_by_context"]
     cells = []
     for context in ("alone", "beside_exec", "beside_load"):
         ratio, count = real.get(context, (None, 0))
         cells.append(f"{_x(ratio)} / {_x((simulated.get(context) or [None])[0])} ({count})")
+    fit_real = ((fits or {}).get("real") or {}).get("fits", {}).get(run["policy"])
+    fit_sim = ((fits or {}).get("simulated") or {}).get("fits", {}).get(run["policy"])
+    cells += [_fitted(fit_real, fit_sim, name)
+              for name in ("alone", "beside_exec", "beside_load")]
     return f"| {run['policy']} | " + " | ".join(cells) + " |"
 
 

@@ -117,6 +117,24 @@ def test_loads_are_read_by_context_as_the_simulator_charged_them() -> None:
         assert 1.1 < ratios[1.4][context][0] < 1.4
 
 
+def test_a_kind_no_task_ran_beside_is_left_out_of_the_fit() -> None:
+    """Bulk's LOADs run alone or beside its other LOADs, never beside an EXEC: the
+    multiplier beside a LOAD is still fitted, the one beside an EXEC is unknown."""
+    graph = _jobs(seed=7)
+    device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
+                         stages={}, cold_cache=False, shared_cpu_multiplier=1.3,
+                         shared_cpu_while_running=True)
+    result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
+    shares = [share for share in beside_shares(task_spans(chrome_trace(
+        graph, result.schedule, workers=2)), kind="load") if share.beside_exec == 0]
+    fit = fit_contention(shares, {(f"n{n}", "s0"): 150 + 100 * n for n in range(3)})
+    assert fit is not None and fit.beside_exec is None and fit.share_beside_exec == 0
+    assert fit.alone == pytest.approx(1.0, abs=0.01)
+    assert fit.beside_load == pytest.approx(1.3, abs=0.02)
+    assert fit_contention([s for s in shares if s.beside_load == 0], {
+        (f"n{n}", "s0"): 150 + 100 * n for n in range(3)}) is None
+
+
 def test_a_task_s_context_is_the_kind_it_ran_beside_longest() -> None:
     trace = {"traceEvents": [
         {"ph": "X", "cat": "load", "name": "LOAD a/s0", "tid": 0, "ts": 0, "dur": 100},

@@ -72,13 +72,15 @@ class BesideShares:
 
 @dataclass(frozen=True)
 class ContentionFit:
-    """The multipliers beside an EXEC and beside a LOAD (1.0: no slowdown) and of every
-    EXEC alike (`alone`: against the times alone the fit was given), the share of the
-    fitted EXECs' time spent beside each kind of task, and how many EXECs it used."""
+    """The multipliers beside an EXEC and beside a LOAD (1.0: no slowdown; None where
+    no fitted task ran beside that kind) and of every task alike (`alone`: against the
+    times alone the fit was given), the share of the fitted tasks' time spent beside
+    each kind of task, and how many tasks it used (`execs`: EXECs, or LOADs when the
+    shares were of LOADs)."""
 
     alone: float
-    beside_exec: float
-    beside_load: float
+    beside_exec: float | None
+    beside_load: float | None
     share_beside_exec: float
     share_beside_load: float
     execs: int
@@ -137,10 +139,11 @@ def alone_times_us(shares: Iterable[BesideShares]) -> dict[tuple[str, str], floa
 
 def fit_contention(shares: Iterable[BesideShares],
                    alone_us: Mapping[tuple[str, str], float]) -> ContentionFit | None:
-    """The multipliers (alone, beside an EXEC, beside a LOAD) that explain the EXECs'
-    times given each stage's time alone (`alone_us`; EXECs of other stages are left
-    out), by weighted least squares on the module's linear form. None without EXECs
-    beside both kinds of task."""
+    """The multipliers (alone, beside an EXEC, beside a LOAD) that explain the tasks'
+    times given each stage's time alone (`alone_us`; tasks of other stages are left
+    out), by weighted least squares on the module's linear form. A kind no task ran
+    beside is left out of the fit (its multiplier None); None without tasks beside
+    either kind."""
     rows = [(share.beside_exec, share.beside_load,
              1 - alone_us[share.task.stage] / share.task.duration_us,
              alone_us[share.task.stage])
@@ -149,17 +152,19 @@ def fit_contention(shares: Iterable[BesideShares],
         return None
     table = np.array(rows, dtype=float)
     shares_x, stretch_y, weights = table[:, :2], table[:, 2], table[:, 3]
-    if np.any(shares_x.sum(axis=0) <= 0):
+    beside = [i for i in range(2) if shares_x[:, i].sum() > 0]
+    if not beside:
         return None
     root = np.sqrt(weights)
-    design = np.column_stack([np.ones(len(rows)), shares_x])
+    design = np.column_stack([np.ones(len(rows)), shares_x[:, beside]])
     coefficients, *_ = np.linalg.lstsq(design * root[:, None], stretch_y * root, rcond=None)
     alone_c = min(float(coefficients[0]), 0.99)
-    exec_c, load_c = (min(float(c) / (1 - alone_c), 0.99) for c in coefficients[1:])
+    multipliers: list[float | None] = [None, None]
+    for i, c in zip(beside, coefficients[1:], strict=True):
+        multipliers[i] = 1 / (1 - min(float(c) / (1 - alone_c), 0.99))
     share_exec, share_load = (float(np.average(shares_x[:, i], weights=weights))
                               for i in range(2))
-    return ContentionFit(1 / (1 - alone_c), 1 / (1 - exec_c), 1 / (1 - load_c), share_exec,
-                         share_load, len(rows))
+    return ContentionFit(1 / (1 - alone_c), *multipliers, share_exec, share_load, len(rows))
 
 
 def context_of(share: BesideShares) -> str:
