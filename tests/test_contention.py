@@ -16,6 +16,7 @@ from sched_graphs import chain_network, merge
 
 from masa.common.libc import name_this_thread
 from masa.report.contention import (
+    TaskSpan,
     alone_times_us,
     beside_shares,
     fit_contention,
@@ -39,14 +40,27 @@ def _jobs(seed: int, count: int = 200) -> TaskGraph:
                       zip(networks, np.cumsum(gaps_us), strict=True))])
 
 
-def _fit(graph: TaskGraph, multiplier: float):
+def _simulated_spans(graph: TaskGraph, **charged: float) -> list[TaskSpan]:
+    """The tasks of `graph` simulated on two workers with the multipliers `charged`
+    (DeviceModel's fields) held while tasks run side by side."""
     device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
-                         stages={}, cold_cache=False, shared_cpu_multiplier=multiplier,
-                         shared_cpu_while_running=True)
+                         stages={}, cold_cache=False, shared_cpu_while_running=True,
+                         **charged)
     result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
-    shares = beside_shares(task_spans(chrome_trace(graph, result.schedule, workers=2)))
+    return task_spans(chrome_trace(graph, result.schedule, workers=2))
+
+
+def _fit(graph: TaskGraph, multiplier: float):
+    shares = beside_shares(_simulated_spans(graph, shared_cpu_multiplier=multiplier))
     alone = alone_times_us(shares)
     return alone, fit_contention(shares, alone)
+
+
+def _assert_fitted(fit, alone: float, beside_exec: float, beside_load: float,
+                   within: float) -> None:
+    assert fit is not None
+    assert (fit.alone, fit.beside_exec, fit.beside_load) == pytest.approx(
+        (alone, beside_exec, beside_load), abs=within)
 
 
 @pytest.mark.parametrize("multiplier", [1.0, 1.146, 1.5])
@@ -57,9 +71,7 @@ def test_the_multiplier_the_simulator_charged_is_read_back_from_its_trace(multip
     assert alone == {(f"n{n}", "s0"): 200 + 150 * n for n in range(3)}
     assert fit is not None and fit.execs == 200
     assert 0.1 < fit.share_beside_exec and 0.1 < fit.share_beside_load
-    assert fit.alone == pytest.approx(1.0, abs=0.01)
-    assert fit.beside_exec == pytest.approx(multiplier, abs=0.01)
-    assert fit.beside_load == pytest.approx(multiplier, abs=0.01)
+    _assert_fitted(fit, 1.0, multiplier, multiplier, within=0.01)
 
 
 def test_a_run_slower_alone_too_is_told_apart_from_contention() -> None:
@@ -67,26 +79,23 @@ def test_a_run_slower_alone_too_is_told_apart_from_contention() -> None:
     task is 10% slower shows a multiplier alone of 1.1 and the charged one beside."""
     graph = _jobs(seed=7)
     reference, _ = _fit(graph, 1.0)
-    device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
-                         stages={}, cold_cache=False, cpu_factor=1.1, shared_cpu_multiplier=1.3,
-                         shared_cpu_while_running=True)
-    slower = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
-    fit = fit_contention(beside_shares(task_spans(chrome_trace(graph, slower.schedule,
-                                                               workers=2))), reference)
-    assert fit is not None
-    assert fit.alone == pytest.approx(1.1, abs=0.01)
-    assert fit.beside_exec == pytest.approx(1.3, abs=0.02)
-    assert fit.beside_load == pytest.approx(1.3, abs=0.02)
+    slower = _simulated_spans(graph, cpu_factor=1.1, shared_cpu_multiplier=1.3)
+    fit = fit_contention(beside_shares(slower), reference)
+    _assert_fitted(fit, 1.1, 1.3, 1.3, within=0.02)
+
+
+def _trace(*tasks: tuple[str, int, int, int]) -> dict:
+    """A Chrome trace of tasks ("KIND net/stage", worker, start us, duration us), and a
+    counter event that is not a task."""
+    return {"traceEvents": [
+        {"ph": "X", "cat": name.split()[0].lower(), "name": name, "tid": worker, "ts": start,
+         "dur": duration} for name, worker, start, duration in tasks]
+        + [{"ph": "C", "name": "memory (MiB)", "ts": 0}]}
 
 
 def test_shares_count_only_the_other_workers_time_within_the_exec() -> None:
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "exec", "name": "EXEC a/s0", "tid": 0, "ts": 100, "dur": 100},
-        {"ph": "X", "cat": "load", "name": "LOAD b/s0", "tid": 1, "ts": 50, "dur": 75},
-        {"ph": "X", "cat": "exec", "name": "EXEC b/s0", "tid": 1, "ts": 150, "dur": 100},
-        {"ph": "X", "cat": "exec", "name": "EXEC a/s1", "tid": 0, "ts": 200, "dur": 10},
-        {"ph": "C", "name": "memory (MiB)", "ts": 0},
-    ]}
+    trace = _trace(("EXEC a/s0", 0, 100, 100), ("LOAD b/s0", 1, 50, 75),
+                   ("EXEC b/s0", 1, 150, 100), ("EXEC a/s1", 0, 200, 10))
     shares = {share.task.stage: share for share in beside_shares(task_spans(trace))}
     # a/s0 [100, 200): LOAD b [50, 125) for 25 us, EXEC b [150, 250) for 50 us
     assert (shares["a", "s0"].beside_exec, shares["a", "s0"].beside_load) == (0.5, 0.25)
@@ -102,11 +111,7 @@ def test_loads_are_read_by_context_as_the_simulator_charged_them() -> None:
     profiled_us = {(f"n{n}", "s0"): 150 + 100 * n for n in range(3)}
     ratios = {}
     for multiplier in (1.0, 1.4):
-        device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0,
-                             read_bytes_per_s=None, stages={}, cold_cache=False,
-                             shared_cpu_multiplier=multiplier, shared_cpu_while_running=True)
-        result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
-        spans = task_spans(chrome_trace(graph, result.schedule, workers=2))
+        spans = _simulated_spans(graph, shared_cpu_multiplier=multiplier)
         ratios[multiplier] = time_ratio_by_context(beside_shares(spans, kind="load"),
                                                    profiled_us)
     assert set(ratios[1.4]) == {"alone", "beside_exec", "beside_load"}
@@ -121,12 +126,8 @@ def test_a_kind_no_task_ran_beside_is_left_out_of_the_fit() -> None:
     """Bulk's LOADs run alone or beside its other LOADs, never beside an EXEC: the
     multiplier beside a LOAD is still fitted, the one beside an EXEC is unknown."""
     graph = _jobs(seed=7)
-    device = DeviceModel(memory_cap_bytes=10**9, runtime_base_bytes=0, read_bytes_per_s=None,
-                         stages={}, cold_cache=False, shared_cpu_multiplier=1.3,
-                         shared_cpu_while_running=True)
-    result = simulate_graph(graph, workers=2, memory_budget_bytes=10**6, device=device)
-    shares = [share for share in beside_shares(task_spans(chrome_trace(
-        graph, result.schedule, workers=2)), kind="load") if share.beside_exec == 0]
+    shares = [share for share in beside_shares(_simulated_spans(
+        graph, shared_cpu_multiplier=1.3), kind="load") if share.beside_exec == 0]
     fit = fit_contention(shares, {(f"n{n}", "s0"): 150 + 100 * n for n in range(3)})
     assert fit is not None and fit.beside_exec is None and fit.share_beside_exec == 0
     assert fit.alone == pytest.approx(1.0, abs=0.01)
@@ -135,13 +136,23 @@ def test_a_kind_no_task_ran_beside_is_left_out_of_the_fit() -> None:
         (f"n{n}", "s0"): 150 + 100 * n for n in range(3)}) is None
 
 
+def test_a_load_s_own_multipliers_are_read_back_from_its_trace() -> None:
+    """With LOADs charged their own multipliers beside a LOAD and beside an EXEC, the
+    LOADs' fit gives those back and the EXECs' fit the shared one."""
+    graph = _jobs(seed=7)
+    spans = _simulated_spans(graph, shared_cpu_multiplier=1.1,
+                             load_beside_load_multiplier=2.0, load_beside_exec_multiplier=1.4)
+    loads = fit_contention(beside_shares(spans, kind="load"),
+                           {(f"n{n}", "s0"): 150 + 100 * n for n in range(3)})
+    execs = fit_contention(beside_shares(spans), {(f"n{n}", "s0"): 200 + 150 * n
+                                                  for n in range(3)})
+    _assert_fitted(loads, 1.0, 1.4, 2.0, within=0.03)
+    _assert_fitted(execs, 1.0, 1.1, 1.1, within=0.01)
+
+
 def test_a_task_s_context_is_the_kind_it_ran_beside_longest() -> None:
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "load", "name": "LOAD a/s0", "tid": 0, "ts": 0, "dur": 100},
-        {"ph": "X", "cat": "load", "name": "LOAD b/s0", "tid": 1, "ts": 60, "dur": 40},
-        {"ph": "X", "cat": "load", "name": "LOAD a/s1", "tid": 0, "ts": 200, "dur": 300},
-        {"ph": "X", "cat": "exec", "name": "EXEC b/s0", "tid": 1, "ts": 300, "dur": 100},
-    ]}
+    trace = _trace(("LOAD a/s0", 0, 0, 100), ("LOAD b/s0", 1, 60, 40),
+                   ("LOAD a/s1", 0, 200, 300), ("EXEC b/s0", 1, 300, 100))
     shares = beside_shares(task_spans(trace), kind="load")
     ratios = time_ratio_by_context(shares, {("a", "s0"): 50, ("a", "s1"): 100,
                                             ("b", "s0"): 20})

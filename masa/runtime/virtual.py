@@ -11,7 +11,8 @@ With a `DeviceModel` (issue 12) the clock also knows a small device's storage
 and memory (`DeviceBackend`): a LOAD takes its profiled (warm) time (times the
 device's CPU factor, or its network's, as does an EXEC; times a multiplier
 again for a task that starts beside a running one, or, with
-`shared_cpu_while_running`, for the part of its work done beside another) plus the
+`shared_cpu_while_running`, for the part of its work done beside another, a
+LOAD's own multiplier beside a LOAD or an EXEC where the device has one) plus the
 bytes of its stage files that are not in the simulated page cache divided by
 the storage's read bandwidth, after the reads queued before it (one storage,
 first come first served); the page cache is an LRU of stage files' bytes (a
@@ -179,6 +180,13 @@ class DeviceModel:
     # time stretches when a second task starts beside it and shrinks back when that
     # ends) rather than for the whole task when another runs as it starts.
     shared_cpu_while_running: bool = False
+    # With shared_cpu_while_running, a LOAD's own multipliers beside another LOAD and
+    # beside an EXEC (None: shared_cpu_multiplier). A LOAD creates a session: it maps
+    # files, faults pages in and locks them, work the kernel does for the whole
+    # process, so two at once slow each other more than an EXEC slows either
+    # (docs/bench-contention.md, the LOADs' table).
+    load_beside_load_multiplier: float | None = None
+    load_beside_exec_multiplier: float | None = None
     # The executor's own time per task: from a task's end to the next start on its
     # worker (the completion's hand-off, the loop's decision, freeing the task's
     # memory), measured as the mean gap between tasks on a busy worker. The worker
@@ -196,6 +204,16 @@ class DeviceModel:
         if running_tasks > 1:
             factor *= self.shared_cpu_multiplier
         return round(duration_us * factor)
+
+    def beside_multiplier(self, load: bool, beside_load: bool) -> float:
+        """A task's multiplier while another runs: a LOAD's own where set (beside a LOAD
+        when any task beside it is one), else shared_cpu_multiplier."""
+        if load:
+            own = (self.load_beside_load_multiplier if beside_load
+                   else self.load_beside_exec_multiplier)
+            if own is not None:
+                return own
+        return self.shared_cpu_multiplier
 
     def read_us(self, read_bytes: int) -> int:
         if not self.read_bytes_per_s or read_bytes <= 0:
@@ -291,6 +309,7 @@ class DeviceBackend(VirtualBackend):
         # With shared_cpu_while_running: running task id -> (when its CPU work
         # begins, its CPU time left alone, us), as of `_progress_us`.
         self._cpu_left: dict[str, tuple[int, float]] = {}
+        self._loading: set[str] = set()  # of those, the LOADs
         self._progress_us = 0
         # Stage files being read: key -> (read end, bytes). They enter the page cache
         # when the read ends, not when it starts: until then the kernel has not
@@ -371,6 +390,7 @@ class DeviceBackend(VirtualBackend):
             self._ended_at_us.pop(task_id, None)
             self._reading.pop(task_id, None)
             self._cpu_left.pop(task_id, None)
+            self._loading.discard(task_id)
             self._handed_over.discard(task_id)
         stopped = super().terminate(task_ids)
         if self.device.shared_cpu_while_running:
@@ -413,6 +433,8 @@ class DeviceBackend(VirtualBackend):
             if task_id in self._running:  # its CPU work begins after its storage wait
                 self._cpu_left[task_id] = (self.clock_us + extra_us, float(
                     self.device.cpu_us(duration_us, 1, network, load)))
+                if load:
+                    self._loading.add(task_id)
         self._starting.clear()
         self._move_ends()
         self._reads_end_before(self._next_event_us(deadline_us))
@@ -421,28 +443,37 @@ class DeviceBackend(VirtualBackend):
             self._progress(self.clock_us)
             for completion in done:
                 self._cpu_left.pop(completion.task_id, None)
+                self._loading.discard(completion.task_id)
             self._move_ends()
         return done
 
     def _progress(self, to_us: int) -> None:
-        """The running tasks' CPU work done since the last update, at the rate the
-        number of them running set meanwhile."""
-        rate = 1.0 / self.device.shared_cpu_multiplier if len(self._cpu_left) > 1 else 1.0
+        """The running tasks' CPU work done since the last update, each at the rate the
+        tasks running beside it set meanwhile (`_slowdown`)."""
         for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
             begin_us = max(self._progress_us, cpu_start_us)
             if to_us > begin_us:
+                rate = 1.0 / self._slowdown(task_id)
                 self._cpu_left[task_id] = (cpu_start_us, left_us - (to_us - begin_us) * rate)
         self._progress_us = to_us
 
     def _move_ends(self) -> None:
         """Each running task's end at the rate the number running now sets (a task
         whose work has ended keeps its end: only its dispatch time is left)."""
-        slow = self.device.shared_cpu_multiplier if len(self._cpu_left) > 1 else 1.0
         for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
             if left_us < 0.5 and task_id in self._entry_of:
                 continue
             self._end_at(task_id, max(self.clock_us, cpu_start_us)
-                         + round(max(0.0, left_us) * slow))
+                         + round(max(0.0, left_us) * self._slowdown(task_id)))
+
+    def _slowdown(self, task_id: str) -> float:
+        """How much slower the running task works now: 1 alone, else its multiplier
+        beside the others (`DeviceModel.beside_multiplier`)."""
+        if len(self._cpu_left) < 2:
+            return 1.0
+        beside_load = any(other in self._loading for other in self._cpu_left
+                          if other != task_id)
+        return self.device.beside_multiplier(task_id in self._loading, beside_load)
 
     def _reads_end_before(self, next_event_us: int | None) -> None:
         """Until the next event nothing is reserved or freed, but LOADs whose read
