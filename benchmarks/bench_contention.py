@@ -340,8 +340,8 @@ ANALYSIS = """\
   LOADs alone as the EXECs are, a LOAD beside another LOAD took 2.25x (Bulk) and
   2.16x (DeepEye) its time alone; the pinned simulator charges 1.117x beside any
   task, on LOAD factors fitted where LOADs mostly ran beside LOADs. The table's
-  time ratios by context mix stages (the large tinyyolo LOADs run beside others,
-  the small ones alone), so they are not multipliers; the fits are, where the
+  time ratios by context sum different stages in each context (which stages run
+  alone is not chosen), so they are not multipliers; the fits are, where the
   LOADs alone are many: Masa's 82 LOADs alone leave its fit degenerate (3.61x
   alone, 0.35x beside an EXEC), and on the simulated side the LOADs' fit does not
   give back the 1.117x the simulator charged (it hits its clamp, 100x), though on

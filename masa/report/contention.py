@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ALONE_SHARE = 0.05  # a task that ran beside another task for less than this ran alone
-MIN_ALONE_RUNS = 5  # a stage's time alone is the median of at least this many EXECs
+MIN_ALONE_RUNS = 5  # a stage's time alone is the median of at least this many tasks
 
 
 @dataclass(frozen=True)

@@ -181,10 +181,10 @@ class DeviceModel:
     # ends) rather than for the whole task when another runs as it starts.
     shared_cpu_while_running: bool = False
     # With shared_cpu_while_running, a LOAD's own multipliers beside another LOAD and
-    # beside an EXEC (None: shared_cpu_multiplier). A LOAD creates a session: it maps
-    # files, faults pages in and locks them, work the kernel does for the whole
-    # process, so two at once slow each other more than an EXEC slows either
-    # (docs/bench-contention.md, the LOADs' table).
+    # beside an EXEC (None: shared_cpu_multiplier). A LOAD creates a session (maps its
+    # file, faults pages in and locks them: kernel work for the whole process); traced,
+    # one beside another LOAD took about 2.2x its time alone (a pointer, not yet a
+    # measurement: docs/bench-contention.md, "LOADs beside each other").
     load_beside_load_multiplier: float | None = None
     load_beside_exec_multiplier: float | None = None
     # The executor's own time per task: from a task's end to the next start on its
