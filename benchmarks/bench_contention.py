@@ -345,9 +345,12 @@ ANALYSIS = """\
   LOADs alone are many: Masa's 82 LOADs alone leave its fit degenerate (3.61x
   alone, 0.35x beside an EXEC), and on the simulated side the LOADs' fit does not
   give back the 1.117x the simulator charged (it hits its clamp, 100x), though on
-  a plain simulated trace it does (tests/test_contention.py); why, on the cell's
-  device model, is not found yet. So the regression on LOADs is a pointer, not yet
-  a measurement. The simulator can charge a LOAD its
+  a plain simulated trace it does (tests/test_contention.py): in the simulated
+  Bulk run of this cell only one stage's LOADs ever run alone (tinyyolo's last,
+  749 of its 750; every other LOAD starts beside another), so the fit rests on one
+  stage whose LOADs spend 0.1% of their time beside another task, where the real
+  run's timing leaves 227 LOADs alone. So the regression on LOADs
+  is a pointer, not yet a measurement. The simulator can charge a LOAD its
   own multipliers (`DeviceModel.load_beside_load_multiplier`,
   `load_beside_exec_multiplier`); benchmarks/check_load_multipliers.py tries a
   setting on the recorded runs (docs/bench-device.md, session 39's bullet).
