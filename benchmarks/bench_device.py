@@ -692,20 +692,23 @@ def host_scale_of(record: dict[str, Any], pin: Pin) -> float:
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
              cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True,
-             calibrated_only: bool = False) -> dict[str, Any]:
+             calibrated_only: bool = False,
+             adjust: Callable[[DeviceModel], DeviceModel] | None = None) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
     host probed at `scale` (`Pin.simulator_cpu`), x the multiplier while they run
     beside another task, and the executor's dispatch time after every task).
     `cache_first`: whether masa's cached-stages-first rule ran; `calibrated_only`:
     the calibrated side alone (for the fits and sensitivities, which read nothing
-    else)."""
+    else); `adjust`: a change to the calibrated model to try (check_load_multipliers)."""
     settings = cell_settings(cell, policy, cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     models = ({} if calibrated_only else
               {"simulated": device_model(prepared.manifests, device, base_bytes,
                                          shared_cpu_while_running=True)})
     calibrated = calibrated_model(prepared, device, base_bytes, cell, pin, scale)
+    if calibrated is not None and adjust is not None:
+        calibrated = adjust(calibrated)
     if calibrated is not None:
         models["simulated_cpu"] = calibrated
     figures: dict[str, Any] = {}
@@ -1264,13 +1267,12 @@ def run_grid(args: argparse.Namespace) -> None:
 # (masa/runtime/threads.py, model_prep, workloads) makes later runs a different
 # experiment.
 CPU_REPEAT_EPOCHS = ("2026-11-27T14:53:18", "2026-11-28T11:56:46")
-REPEATS_SINCE = CPU_REPEAT_EPOCHS[0]
 # Where the card binds, since a LOAD reads its missing pages with pread and
 # waits for no other LOAD's read while it locks the pages it found cached (before,
 # from 2026-11-26T20:23:02, 472e478: since a LOAD locks its cached pages before
 # reading the rest). Both change what a LOAD reads only where part of its file is
 # cached and other LOADs read; where every page stays cached (the CPU-bound cells)
-# nothing is read after the first job (their repeats: `REPEATS_SINCE`).
+# nothing is read after the first job (their repeats: `CPU_REPEAT_EPOCHS`).
 CARD_REPEATS_SINCE = "2026-11-27T12:03:51"
 
 
@@ -2023,7 +2025,7 @@ def _setup_lines(pin: Pin) -> list[str]:
         f"dispatch time ({pin.dispatch_us} us, `--fit-dispatch`) after every task "
         "(*The simulator against the emulated device*).",
         "- Figures: mean / p99 job response in seconds; *(n runs: ...)*: the cell was run "
-        f"n times on the same real code (where the CPU binds since {REPEATS_SINCE}, "
+        f"n times on the same real code (where the CPU binds since {CPU_REPEAT_EPOCHS[0]}, "
         "when a cached LOAD became one mlock again, on a host probed at its speed, and "
         f"again since {CPU_REPEAT_EPOCHS[-1]}, when runs began to keep freed heap; where "
         f"the card binds since {CARD_REPEATS_SINCE}, when a LOAD began to read its "
@@ -2564,10 +2566,11 @@ simulating recorded cells again with every task's time scaled
   task runs beside another, not for the whole task when another runs as it starts
   (a task begun alone slows when a second one starts, and speeds up when that
   ends; `DeviceModel.shared_cpu_while_running`): over the 96 CPU-bound runs since
-  REPEATS_SINCE, re-simulated, within 30% in 48 of 51 cells' means (47 before),
-  37 of 39 groups (36), median -3% (-2%); DeepEye, whose lanes often run one task
-  at a time, came faster (lifelogging at 2 GiB +32% -> +30%, mixed at 1 GiB over
-  120 s +15% -> +5%, light -48% -> -53%), Masa and Bulk within a point. With
+  2026-11-27T14:53:18 (`CPU_REPEAT_EPOCHS`' first), re-simulated, within 30% in
+  48 of 51 cells' means (47 before), 37 of 39 groups (36), median -3% (-2%);
+  DeepEye, whose lanes often run one task at a time, came faster (lifelogging at
+  2 GiB +32% -> +30%, mixed at 1 GiB over 120 s +15% -> +5%, light -48% -> -53%),
+  Masa and Bulk within a point. With
   that rule a multiplier of 1.2 gave 46 of 51 and 1.25 41 of 51 (Masa in small
   at 512 MiB +101% and +165%).
 - **The simulator.** It predicted every kill measured (3 of 3, none extra) and

@@ -4,8 +4,8 @@ docs/bench-contention.md traced small at 512 MiB / 0.7 with its LOADs: a LOAD be
 another LOAD took about 2.2x its time alone (fitted against Bulk's LOADs alone: Bulk
 2.25x, DeepEye 2.16x), where the pinned simulator charges every task 1.117x beside
 another and fits each network's LOAD factor on runs whose LOADs mostly ran beside
-others. This script re-simulates the latest run of every policy in the cells where
-the CPU binds since the latest `CPU_REPEAT_EPOCHS` start, as recorded, with the
+others. This script re-simulates each policy's run in the cells where the CPU binds since
+the latest `CPU_REPEAT_EPOCHS` start, as the page counts them, as recorded, with the
 LOADs' factors alone scaled by --alone-scale and charged --beside-load and
 --beside-exec (masa.runtime.virtual.DeviceModel), and prints each run's real mean,
 the simulation's now and as recorded, and how many are within 30%. Nothing is
@@ -29,29 +29,27 @@ import bench_device as device_bench
 from masa.runtime.virtual import DeviceModel
 
 
-def with_load_multipliers(model: DeviceModel | None, alone_scale: float, beside_load: float,
-                          beside_exec: float) -> DeviceModel | None:
+def with_load_multipliers(model: DeviceModel, alone_scale: float, beside_load: float,
+                          beside_exec: float) -> DeviceModel:
     """The pinned calibrated model with the LOADs' factors alone scaled and their own
     multipliers beside a LOAD and beside an EXEC."""
-    if model is None:
-        return None
     return dataclasses.replace(
         model, load_cpu_factor_by_network={network: factor * alone_scale for network, factor
                                            in model.load_cpu_factor_by_network.items()},
         load_beside_load_multiplier=beside_load, load_beside_exec_multiplier=beside_exec)
 
 
-def latest_cpu_bound_runs(only: str) -> list[dict[str, Any]]:
-    """The latest run of each policy in each grid cell where the CPU binds, made since
-    the latest epoch, its memory estimates as profiled; keys starting with `only`."""
+def cpu_bound_runs(pin: Any, only: str) -> list[dict[str, Any]]:
+    """Each policy's run in each grid cell where the CPU binds, as the page counts them
+    (bench_device._by_cell: the latest run, its real mean averaged over its repeats),
+    made since the latest epoch, its memory estimates as profiled; keys starting with
+    `only`."""
     cells = {cell.key: cell for cell in device_bench.grid()}
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for record in device_bench.load_results(device_bench.RESULTS):
-        if (record["started"] >= device_bench.CPU_REPEAT_EPOCHS[-1] and record["key"] in cells
-                and record["key"].startswith(only)):
-            latest[record["key"], record["policy"]] = record
-    return [record for _, record in sorted(latest.items())
-            if cells[record["key"]].memory_scale == 1.0
+    by_cell = device_bench._by_cell(device_bench.current(
+        device_bench.load_results(device_bench.RESULTS), pin))
+    return [record for key, runs in sorted(by_cell.items()) for _, record in sorted(runs.items())
+            if key in cells and key.startswith(only) and cells[key].memory_scale == 1.0
+            and record["started"] >= device_bench.CPU_REPEAT_EPOCHS[-1]
             and device_bench.bound_by(record) == "cpu"]
 
 
@@ -62,17 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beside-exec", type=float, required=True)
     parser.add_argument("--only", default="", help="cells whose key starts with this")
     parser.add_argument("--cache", type=Path, default=device_bench.DEFAULT_CACHE)
+    parser.add_argument("--copy-cache", type=Path, default=None)
+    parser.add_argument("--pin", type=Path, default=device_bench.PINNED)
     args = parser.parse_args(argv)
-    args.copy_cache, args.pin = None, device_bench.PINNED
-    pinned = device_bench.calibrated_model
-    device_bench.calibrated_model = lambda *a, **k: with_load_multipliers(
-        pinned(*a, **k), args.alone_scale, args.beside_load, args.beside_exec)
     pin = device_bench.pinned_stores(args)
     cells = {cell.key: cell for cell in device_bench.grid()}
     errors = []
     with tempfile.TemporaryDirectory(prefix="check-load-") as scratch:
         prepared: dict[str, Any] = {}
-        for record in latest_cpu_bound_runs(args.only):
+        for record in cpu_bound_runs(pin, args.only):
             cell = cells[record["key"]]
             store = device_bench.store_of(cell, args)
             if cell.key not in prepared:
@@ -82,8 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             simulated = device_bench.simulate(
                 device_bench.simulated_policy(record), prepared[cell.key], device, base_bytes,
                 cell, pin, device_bench.host_scale_of(record, pin),
-                cache_first=record.get("cache_first", False),
-                calibrated_only=True)["simulated_cpu"]
+                cache_first=record.get("cache_first", False), calibrated_only=True,
+                adjust=lambda model: with_load_multipliers(
+                    model, args.alone_scale, args.beside_load, args.beside_exec)
+            )["simulated_cpu"]
             real_ms, now_ms = record["real"]["mean_ms"], simulated["mean_ms"]
             errors.append(now_ms / real_ms - 1)
             print(f"{cell.key:46} {record['policy']:7} real {real_ms / 1e3:7.2f} s, simulated "

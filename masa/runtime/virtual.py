@@ -458,8 +458,8 @@ class DeviceBackend(VirtualBackend):
         self._progress_us = to_us
 
     def _move_ends(self) -> None:
-        """Each running task's end at the rate the number running now sets (a task
-        whose work has ended keeps its end: only its dispatch time is left)."""
+        """Each running task's end at the rate the tasks running now set (`_slowdown`; a
+        task whose work has ended keeps its end: only its dispatch time is left)."""
         for task_id, (cpu_start_us, left_us) in self._cpu_left.items():
             if left_us < 0.5 and task_id in self._entry_of:
                 continue
@@ -471,9 +471,11 @@ class DeviceBackend(VirtualBackend):
         beside the others (`DeviceModel.beside_multiplier`)."""
         if len(self._cpu_left) < 2:
             return 1.0
+        if task_id not in self._loading:  # an EXEC's multiplier is the same beside either
+            return self.device.shared_cpu_multiplier
         beside_load = any(other in self._loading for other in self._cpu_left
                           if other != task_id)
-        return self.device.beside_multiplier(task_id in self._loading, beside_load)
+        return self.device.beside_multiplier(True, beside_load)
 
     def _reads_end_before(self, next_event_us: int | None) -> None:
         """Until the next event nothing is reserved or freed, but LOADs whose read
