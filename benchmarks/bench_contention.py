@@ -352,8 +352,10 @@ ANALYSIS = """\
   run's timing leaves 227 LOADs alone. So the regression on LOADs
   is a pointer, not yet a measurement. The simulator can charge a LOAD its
   own multipliers (`DeviceModel.load_beside_load_multiplier`,
-  `load_beside_exec_multiplier`); benchmarks/check_load_multipliers.py tries a
-  setting on the recorded runs (docs/bench-device.md, session 39's bullet).
+  `load_beside_exec_multiplier`); benchmarks/fit_load_multipliers.py fits them on
+  the grid's recorded runs, each network's LOAD time per run against the shares of
+  that time by context in the run simulated, and bench_device pins them
+  (docs/bench-device.md, session 40's bullet).
 """
 
 

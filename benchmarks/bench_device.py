@@ -231,7 +231,10 @@ class Pin:
     speed (`host_cpu_scale`), its LOADs' factor over its EXECs', the multiplier for a
     task beside another and the speed of the host before it was probed
     (`fit_contention`; without them the simulator takes the CPU factors above for
-    every task)."""
+    every task); and the LOADs' own: their factors alone as a share of those fitted
+    as they ran, and their multipliers beside a LOAD and beside an EXEC
+    (benchmarks/fit_load_multipliers.py; without them a LOAD is charged as it ran,
+    and the multiplier above beside another task)."""
     stores: dict[str, dict[str, list[Any]]]
     cpu_factor_by_network: dict[str, float]
     cpu_source: str = ""
@@ -242,6 +245,10 @@ class Pin:
     contention_source: str = ""
     load_over_exec_by_network: dict[str, float] = field(default_factory=dict)
     unprobed_host_cpu_scale: float = 1.0
+    load_alone_scale: float = 1.0
+    load_beside_load_multiplier: float | None = None
+    load_beside_exec_multiplier: float | None = None
+    load_multipliers_source: str = ""
 
     def simulator_cpu(self, host_scale: float = 1.0, store: str = "mmap"
                       ) -> tuple[dict[str, float], dict[str, float], float]:
@@ -250,15 +257,23 @@ class Pin:
         own factors are measured on the mmap store (a profiled LOAD there is a
         session's creation, 0.5-0.7 ms, and a run's LOAD adds the file's mapping
         and locking); a copied stage's profiled LOAD parses and copies its weights,
-        which dominate, so on the copy store LOADs keep the EXEC factor."""
+        which dominate, so on the copy store LOADs keep the EXEC factor (and the
+        multiplier: `load_multipliers`)."""
         if not self.alone_cpu_factor_by_network:
             return self.cpu_factor_by_network, {}, 1.0
         exec_factors = {network: factor * host_scale
                         for network, factor in self.alone_cpu_factor_by_network.items()}
-        load_factors = {network: exec_factors[network] * over
+        load_factors = {network: exec_factors[network] * over * self.load_alone_scale
                         for network, over in self.load_over_exec_by_network.items()
                         if network in exec_factors and store == "mmap"}
         return exec_factors, load_factors, self.shared_cpu_multiplier
+
+    def load_multipliers(self, store: str = "mmap") -> tuple[float | None, float | None]:
+        """The LOADs' multipliers beside a LOAD and beside an EXEC on `store` (None:
+        the multiplier beside another task; on the copy store always)."""
+        if store != "mmap":
+            return None, None
+        return self.load_beside_load_multiplier, self.load_beside_exec_multiplier
 
     @property
     def fingerprint(self) -> str:
@@ -278,7 +293,11 @@ class Pin:
             "shared_cpu_multiplier": self.shared_cpu_multiplier,
             "contention_source": self.contention_source,
             "load_over_exec_by_network": self.load_over_exec_by_network,
-            "unprobed_host_cpu_scale": self.unprobed_host_cpu_scale, "stores": self.stores},
+            "unprobed_host_cpu_scale": self.unprobed_host_cpu_scale,
+            "load_alone_scale": self.load_alone_scale,
+            "load_beside_load_multiplier": self.load_beside_load_multiplier,
+            "load_beside_exec_multiplier": self.load_beside_exec_multiplier,
+            "load_multipliers_source": self.load_multipliers_source, "stores": self.stores},
             indent=1) + "\n")
 
 
@@ -289,7 +308,9 @@ def load_pin(path: Path) -> Pin:
                raw.get("dispatch_source", ""), raw.get("alone_cpu_factor_by_network", {}),
                raw.get("shared_cpu_multiplier", 1.0), raw.get("contention_source", ""),
                raw.get("load_over_exec_by_network", {}),
-               raw.get("unprobed_host_cpu_scale", 1.0))
+               raw.get("unprobed_host_cpu_scale", 1.0), raw.get("load_alone_scale", 1.0),
+               raw.get("load_beside_load_multiplier"), raw.get("load_beside_exec_multiplier"),
+               raw.get("load_multipliers_source", ""))
 
 
 def _profiles(store: Path) -> dict[str, list[Any]]:
@@ -692,32 +713,34 @@ def host_scale_of(record: dict[str, Any], pin: Pin) -> float:
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
              cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True,
-             calibrated_only: bool = False,
-             adjust: Callable[[DeviceModel], DeviceModel] | None = None) -> dict[str, Any]:
+             calibrated_only: bool = False, trace_path: Path | None = None
+             ) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
     host probed at `scale` (`Pin.simulator_cpu`), x the multiplier while they run
     beside another task, and the executor's dispatch time after every task).
     `cache_first`: whether masa's cached-stages-first rule ran; `calibrated_only`:
     the calibrated side alone (for the fits and sensitivities, which read nothing
-    else); `adjust`: a change to the calibrated model to try (check_load_multipliers)."""
+    else); `trace_path`: where to write the calibrated side's Chrome trace
+    (fit_load_multipliers)."""
     settings = cell_settings(cell, policy, cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     models = ({} if calibrated_only else
               {"simulated": device_model(prepared.manifests, device, base_bytes,
                                          shared_cpu_while_running=True)})
     calibrated = calibrated_model(prepared, device, base_bytes, cell, pin, scale)
-    if calibrated is not None and adjust is not None:
-        calibrated = adjust(calibrated)
     if calibrated is not None:
         models["simulated_cpu"] = calibrated
     figures: dict[str, Any] = {}
     for side, model in models.items():
-        figures[side] = _stats(simulated_device_report(prepared, settings, model, device, meta))
+        figures[side] = _stats(simulated_device_report(
+            prepared, settings, model, device, meta,
+            trace_path=trace_path if side == "simulated_cpu" else None))
     if calibrated is not None:
         figures["simulated_dispatch_us"] = pin.dispatch_us
         figures["simulated_shared_cpu_multiplier"] = calibrated.shared_cpu_multiplier
         figures["simulated_host_cpu_scale"] = scale
+        figures["simulated_load_multipliers"] = simulated_load_multipliers(pin, cell.store)
     return figures
 
 
@@ -738,11 +761,21 @@ def calibrated_model(prepared: PreparedRun, device: Device, base_bytes: int, cel
     exec_factors, load_factors, shared = pin.simulator_cpu(scale, cell.store)
     if not exec_factors:
         return None
-    return device_model(prepared.manifests, device, base_bytes,
-                        cpu_factor_by_network={name: exec_factors.get(name, 1.0)
-                                               for name in prepared.workload.networks},
-                        shared_cpu_multiplier=shared, shared_cpu_while_running=True,
-                        dispatch_us=pin.dispatch_us, load_cpu_factor_by_network=load_factors)
+    beside_load, beside_exec = pin.load_multipliers(cell.store)
+    model = device_model(prepared.manifests, device, base_bytes,
+                         cpu_factor_by_network={name: exec_factors.get(name, 1.0)
+                                                for name in prepared.workload.networks},
+                         shared_cpu_multiplier=shared, shared_cpu_while_running=True,
+                         dispatch_us=pin.dispatch_us, load_cpu_factor_by_network=load_factors)
+    return replace(model, load_beside_load_multiplier=beside_load,
+                   load_beside_exec_multiplier=beside_exec)
+
+
+def simulated_load_multipliers(pin: Pin, store: str = "mmap") -> list[float | None]:
+    """What a record says its LOADs were simulated with: the scale of their factors
+    alone and their multipliers beside a LOAD and beside an EXEC (`Pin`)."""
+    scale = pin.load_alone_scale if store == "mmap" else 1.0
+    return [scale, *pin.load_multipliers(store)]
 
 
 def stage_files_mib(prepared: PreparedRun) -> float:
@@ -1725,7 +1758,8 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                f"x{shared} while they run beside another task ({pin.contention_source}); "
                "its LOADs x that factor x the LOAD's own ("
                + ", ".join(f"{network} {over}x" for network, over
-                           in pin.load_over_exec_by_network.items()) + ")")
+                           in pin.load_over_exec_by_network.items()) + ")"
+               + load_multipliers_text(pin))
     else:
         cpu = (f"each network's tasks x its pinned CPU factor ({factors}; other networks "
                f"as profiled; {pin.cpu_source})")
@@ -1735,10 +1769,13 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
     stale = [r for r in results if r.get("simulated_cpu")
              and (r.get("simulated_dispatch_us", 0) != pin.dispatch_us
                   or r.get("simulated_shared_cpu_multiplier", 1.0) != shared
+                  or r.get("simulated_load_multipliers", [1.0, None, None])
+                  != simulated_load_multipliers(pin, r.get("store", "mmap"))
                   or (alone and "simulated_host_cpu_scale" not in r))]
     if stale:
         lines += [f"**{len(stale)} runs were simulated with another dispatch time, "
-                  "multiplier or host speed than the pinned ones: run `--resimulate`.**", ""]
+                  "multiplier, host speed or LOAD multipliers than the pinned ones: run "
+                  "`--resimulate`.**", ""]
     fitted = fit_cpu(results)
     if fitted:
         lines += ["The same factors measured again in this grid's runs whose stage files "
@@ -1759,6 +1796,17 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                      f"{np.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f} "
                      f"({len(reads)} finished runs).")
     return lines + missing_at_load_lines(results)
+
+
+def load_multipliers_text(pin: Pin) -> str:
+    """The LOADs' own multipliers on the mmap store as the calibration states them
+    (empty when not pinned)."""
+    if pin.load_beside_load_multiplier is None and pin.load_beside_exec_multiplier is None:
+        return ""
+    return (f"; on the zero-copy store a LOAD alone at {pin.load_alone_scale}x that, "
+            f"x{pin.load_beside_load_multiplier} beside a LOAD and "
+            f"x{pin.load_beside_exec_multiplier} beside an EXEC instead of the multiplier "
+            f"({pin.load_multipliers_source})")
 
 
 def missing_at_load_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -2791,15 +2839,16 @@ simulating recorded cells again with every task's time scaled
   it has 82 LOADs alone). The simulator can now charge a LOAD its own multipliers
   (masa.runtime.virtual.DeviceModel's `load_beside_load_multiplier` and
   `load_beside_exec_multiplier`); not pinned yet. Tried by hand
-  (`benchmarks/check_load_multipliers.py --alone-scale 0.51 --beside-load 2.2
-  --beside-exec 1.9`: LOADs alone at 0.51x their pinned factors, so Bulk's LOADs
-  beside each other cost what they did, and beside an EXEC at the multiplier that
-  brings Masa's near its real median) it gives 82 of 90: Masa in small at 0.7 -9%,
-  +41%, +11% at 512 MiB-2 GiB and -36% at 512 MiB over 120 s, light a little
-  further off (Masa -45%, DeepEye -43%). Pinning it needs a fit of those three
-  figures on the recorded runs and the card-bound cells simulated again (their
-  LOADs change too); the runs of the same jobs spread as far as ever meanwhile: the
-  two traces' Masa took 1.1 and 2.7 s where the recorded run took 1.4 s."""
+  (`benchmarks/check_load_multipliers.py`, now fit_load_multipliers.py,
+  `--alone-scale 0.51 --beside-load 2.2 --beside-exec 1.9`: LOADs alone at 0.51x
+  their pinned factors, so Bulk's LOADs beside each other cost what they did, and
+  beside an EXEC at the multiplier that brings Masa's near its real median) it gives
+  82 of 90: Masa in small at 0.7 -9%, +41%, +11% at 512 MiB-2 GiB and -36% at 512
+  MiB over 120 s, light a little further off (Masa -45%, DeepEye -43%). Pinning it
+  needs a fit of those three figures on the recorded runs and the card-bound cells
+  simulated again (their LOADs change too); the runs of the same jobs spread as far
+  as ever meanwhile: the two traces' Masa took 1.1 and 2.7 s where the recorded run
+  took 1.4 s."""
 
 
 

@@ -20,6 +20,8 @@ from masa.report.contention import (
     alone_times_us,
     beside_shares,
     fit_contention,
+    fit_load_multipliers,
+    load_shares_by_network,
     task_spans,
     time_ratio_by_context,
 )
@@ -148,6 +150,50 @@ def test_a_load_s_own_multipliers_are_read_back_from_its_trace() -> None:
                                                   for n in range(3)})
     _assert_fitted(loads, 1.0, 1.4, 2.0, within=0.03)
     _assert_fitted(execs, 1.0, 1.1, 1.1, within=0.01)
+
+
+def test_a_run_s_load_times_per_network_give_the_load_s_own_multipliers_back() -> None:
+    """Only each network's total LOAD time per run is known (the grid's records): with
+    the shares of that time by context, the LOADs' scale alone and their multipliers
+    beside a LOAD and beside an EXEC come back from a few runs at different rates."""
+    charged = {"shared_cpu_multiplier": 1.1, "load_beside_load_multiplier": 2.2,
+               "load_beside_exec_multiplier": 1.6,
+               "load_cpu_factor_by_network": {f"n{n}": 0.5 for n in range(3)}}
+    rows = []
+    for seed in (3, 7, 11):
+        spans = _simulated_spans(_jobs(seed=seed), **charged)
+        shares = load_shares_by_network(beside_shares(spans, kind="load"))
+        assert set(shares) == {"n0", "n1", "n2"}
+        for network, found in shares.items():
+            assert found.alone + found.beside_load + found.beside_exec == pytest.approx(1.0)
+            profiled_us = sum(150 + 100 * int(network[1:]) for span in spans
+                              if span.kind == "load" and span.network == network)
+            rows.append((found, found.duration_us / profiled_us, 1.0))
+    assert all(0.1 < found.beside_load and 0.1 < found.beside_exec for found, _, _ in rows)
+    scale, beside_load, beside_exec = fit_load_multipliers(rows)
+    assert scale == pytest.approx(0.5, rel=0.02)
+    assert beside_load == pytest.approx(2.2, rel=0.03)
+    assert beside_exec == pytest.approx(1.6, rel=0.03)
+    held = fit_load_multipliers(rows, beside_load=2.2)
+    assert held[1] == 2.2
+    assert held[0] == pytest.approx(0.5, rel=0.02)
+    assert held[2] == pytest.approx(1.6, rel=0.03)
+    # held too low, the LOADs alone come out slower to make up for it
+    assert fit_load_multipliers(rows, beside_load=1.5)[0] > 0.53
+
+
+def test_the_first_loads_of_each_stage_are_left_out_of_the_shares() -> None:
+    """The first LOADs of a stage read its file from storage: `skip_first` drops them."""
+    trace = _trace(("LOAD a/s0", 0, 0, 100), ("LOAD b/s0", 1, 50, 100),
+                   ("LOAD a/s0", 0, 300, 40), ("EXEC b/s0", 1, 310, 100))
+    all_loads = load_shares_by_network(beside_shares(task_spans(trace), kind="load"))
+    assert all_loads["a"].duration_us == 140 and all_loads["b"].duration_us == 100
+    later = load_shares_by_network(beside_shares(task_spans(trace), kind="load"),
+                                   skip_first=1)
+    # a/s0's second LOAD [300, 340) ran beside the EXEC for 30 of its 40 us
+    assert set(later) == {"a"}
+    assert (later["a"].alone, later["a"].beside_load, later["a"].beside_exec) == (
+        pytest.approx(0.25), 0.0, pytest.approx(0.75))
 
 
 def test_a_task_s_context_is_the_kind_it_ran_beside_longest() -> None:

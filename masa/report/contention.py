@@ -25,6 +25,9 @@ and each share's coefficient c gives m = 1 / (1 - c / (1 - c0)).
 LOADs are read the same way (`beside_shares(spans, kind="load")`): their time per
 profiled time in each context (`time_ratio_by_context`), alone, mostly beside an EXEC,
 mostly beside a LOAD, says whether a policy's LOADs cost what the simulator charges.
+Where only a run's total LOAD time per network is known (the grid's records), the same
+form summed over a network's LOADs, with the shares from the run simulated, fits the
+LOADs' own scale alone and multipliers (`fit_load_multipliers`).
 Pure: lists of numbers in, numbers out.
 """
 
@@ -192,3 +195,73 @@ def time_ratio_by_context(shares: Iterable[BesideShares],
         total[2] += 1
     return {context: (took / profiled, int(count))
             for context, (took, profiled, count) in sorted(sums.items())}
+
+
+@dataclass(frozen=True)
+class LoadShares:
+    """A network's LOADs in a run: the shares of their time spent alone, beside a LOAD
+    (while any other worker ran one) and beside EXECs only, and that time (us)."""
+
+    alone: float
+    beside_load: float
+    beside_exec: float
+    duration_us: float
+
+
+def load_shares_by_network(shares: Iterable[BesideShares], skip_first: int = 0
+                           ) -> dict[str, LoadShares]:
+    """Per network, its LOADs' shares of time by what ran beside them, as the simulator
+    charges them (beside a LOAD whenever one runs beside, so with more than two workers
+    the overlaps are capped at the task's time), past each stage's first `skip_first`
+    LOADs (those read their file from storage)."""
+    seen: dict[tuple[str, str], int] = {}
+    sums: dict[str, list[float]] = {}
+    for share in sorted(shares, key=lambda share: share.task.start_us):
+        seen[share.task.stage] = seen.get(share.task.stage, 0) + 1
+        if seen[share.task.stage] <= skip_first:
+            continue
+        beside_load = min(1.0, share.beside_load)
+        beside_exec = min(1.0 - beside_load, share.beside_exec)
+        duration_us = share.task.duration_us
+        total = sums.setdefault(share.task.network, [0.0, 0.0, 0.0, 0.0])
+        total[0] += duration_us * (1 - beside_load - beside_exec)
+        total[1] += duration_us * beside_load
+        total[2] += duration_us * beside_exec
+        total[3] += duration_us
+    return {network: LoadShares(alone / took, beside_load / took, beside_exec / took, took)
+            for network, (alone, beside_load, beside_exec, took) in sorted(sums.items())
+            if took > 0}
+
+
+def fit_load_multipliers(rows: Iterable[tuple[LoadShares, float, float]],
+                         beside_load: float | None = None
+                         ) -> tuple[float, float, float] | None:
+    """The LOADs' scale alone and multipliers beside a LOAD and beside an EXEC that
+    explain, for each row (a network's LOADs in one run: their shares, their time per
+    unit of reference work r, a weight), r given the shares. A LOAD of work W that runs
+    at 1/m of its speed for each share s of its time has W = d (s_A + s_LL / m_LL +
+    s_LE / m_LE) / a over all its LOADs, so
+
+        1 / r = s_A / a + s_LL / (a m_LL) + s_LE / (a m_LE),
+
+    linear in the three reciprocals: weighted least squares. Where LOADs alone are
+    few, the shares alone and beside a LOAD move together (a policy whose LOADs run
+    beside each other) and only their sum is known: `beside_load` holds m_LL (measured
+    elsewhere) and fits the other two. None when a coefficient comes out not positive
+    (the shares do not tell the contexts apart)."""
+    table = np.array([(shares.alone, shares.beside_load, shares.beside_exec, 1 / ratio, weight)
+                      for shares, ratio, weight in rows], dtype=float)
+    if len(table) < 3:
+        return None
+    root = np.sqrt(table[:, 4])
+    if beside_load is None:
+        design = table[:, :3]
+    else:
+        design = np.column_stack([table[:, 0] + table[:, 1] / beside_load, table[:, 2]])
+    coefficients, *_ = np.linalg.lstsq(design * root[:, None], table[:, 3] * root, rcond=None)
+    if min(coefficients) <= 0:
+        return None
+    alone_c, exec_c = float(coefficients[0]), float(coefficients[-1])
+    load_multiplier = (alone_c / float(coefficients[1]) if beside_load is None
+                       else beside_load)
+    return 1 / alone_c, load_multiplier, alone_c / exec_c
