@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else pin.load_beside_load_multiplier or pin.shared_cpu_multiplier,
         args.beside_exec if args.beside_exec is not None
         else pin.load_beside_exec_multiplier or pin.shared_cpu_multiplier)
+    start = setting
     records = cpu_bound_runs(pin, args.only)
     held, held_source = (None, "m_LL fitted too") if args.fit_beside_load else (
         traced_beside_load() if args.fit else (None, ""))
@@ -251,10 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.save:
         pin = replace(setting.on(pin), load_multipliers_source=(
             f"fitted on the LOAD times of the {used} runs where the CPU binds, made since "
-            f"{device_bench.CPU_REPEAT_EPOCHS[-1]}, that read each stage file about once, "
+            f"{device_bench.CPU_REPEAT_EPOCHS[-1]}, that read each stage file about once "
+            f"and loaded every stage they ran, "
             f"given the shares of their time alone and beside each kind of task in their "
             f"simulations, {held_source} ({datetime.now(UTC).date()}; "
-            f"benchmarks/fit_load_multipliers.py --fit {args.fit})"))
+            f"benchmarks/fit_load_multipliers.py --fit {args.fit} from {start})"))
         pin.save(args.pin)
         print(f"pinned in {args.pin}; now bench_device.py --resimulate", flush=True)
     return 0
