@@ -2851,12 +2851,12 @@ simulating recorded cells again with every task's time scaled
   took 1.4 s.
 - **The LOADs' own multipliers, fitted and pinned** (2026-11-28, session 40). The
   grid's records hold each network's LOAD time per run, not where each LOAD ran;
-  summed over a network's LOADs, with the shares of their time alone, beside a
-  LOAD and beside an EXEC taken from the run simulated, the simulator's model is
-  linear in 1/a, 1/(a m_LL), 1/(a m_LE) (masa.report.contention.fit_load_multipliers;
+  summed over a network's LOADs, with the shares of their time alone, beside a LOAD
+  and beside an EXEC taken from the run simulated, the simulator's model is linear
+  in 1/a, 1/(a m_LL), 1/(a m_LE) (masa.report.contention.fit_load_multipliers;
   `benchmarks/fit_load_multipliers.py --fit 1 --save`). Fitted on the 50 runs where
-  the CPU binds that read each stage file about once and loaded every stage they
-  ran (Masa's kept-stage runs skip most LOADs: 0.03x their profiled time, and left
+  the CPU binds that read each stage file about once and loaded every stage they ran
+  (Masa's kept-stage runs skip most LOADs: 0.06-0.12x their profiled time, and left
   in they broke the fit), all three free, the figures moved with the simulation the
   shares came from (a 0.88 and 0.96, m_LL 1.40 and 1.25, m_LE 1.13 and 1.02): the
   policies' LOAD times pin one relation between them, as Bulk's LOADs run beside
@@ -2864,20 +2864,19 @@ simulating recorded cells again with every task's time scaled
   2.16x, docs/bench-contention.md) and the fit gives a LOAD alone at 0.623x its
   pinned factor and 1.658x beside an EXEC. Bulk's simulated means were then +5%
   (median) at 500 us of dispatch, so `--fit-dispatch` ran again: 400 us (+1%). All
-  runs simulated again (`--resimulate`): where the CPU binds 82 of 90 within 30%
-  (80 before), median -0%, 70 of 78 counting repeats as one (70), the ratio within
-  15 points in 30 of 30 cells; where the card binds 138 of 138 and 46 of 46 as
-  before. Masa in small at 0.7 comes within 30% at 60 s (-17%, +23%, +2% at 512
-  MiB-2 GiB; +54%, +133%, +78% before) but not over 120 s (-40%: 0.7 s real, 0.4 s
-  simulated); DeepEye there +31% (+32%), in lifelogging at 2 GiB +35% (+38%); light
-  stays off (Masa -46%, DeepEye -41%, -39% with kept stages) and DeepEye's two
-  thrashes in heavy. The LOAD times themselves are matched no better on the median:
-  real / simulated, per network, over the cached runs that load every stage, Bulk
-  0.86x, Masa 0.92x, DeepEye 0.91x (1.04x, 0.88x, 0.98x before; the fit weighs each
-  network by its LOAD time and fits 1/r, the medians count each network once). So
-  the pinned multipliers move the policies' LOADs apart as the traces show, and the
-  count of means gains two, without a LOAD model that the grid's own LOAD times
-  confirm."""
+  runs simulated again (`--resimulate`): where the CPU binds 82 of 90 within 30% (80
+  before), median -0%, 70 of 78 counting repeats as one (70), the ratio within 15
+  points in 30 of 30 cells; where the card binds 138 of 138 and 46 of 46 as before.
+  Masa in small at 0.7 comes within 30% at 60 s (-17%, +23%, +2% at 512 MiB-2 GiB;
+  +54%, +133%, +78% before) but not over 120 s (-40%: 0.7 s real, 0.4 s simulated);
+  DeepEye there +31% (+32%), in lifelogging at 2 GiB +35% (+38%); light stays off
+  (Masa -46%, DeepEye -41%, -39% with kept stages) and DeepEye's two thrashes in
+  heavy. The LOAD times themselves are matched no better on the median: real /
+  simulated, per network, over the cached runs that load every stage, Bulk 0.86x,
+  Masa 0.92x, DeepEye 0.91x (1.04x, 0.88x, 0.98x before; the fit weighs each network
+  by its LOAD time and fits 1/r, the medians count each network once). So the pinned
+  multipliers move the policies' LOADs apart as the traces show, and the count of
+  means gains two, without a LOAD model that the grid's own LOAD times confirm."""
 
 
 

@@ -196,8 +196,8 @@ def fit(runs: Sequence[SimulatedRun], pin: Any, beside_load: float | None
     return Setting(*(round(value, 3) for value in fitted)), used
 
 
-def report(runs: Sequence[SimulatedRun], setting: Setting, verbose: bool) -> int:
-    """Print each run's error (when `verbose`) and the count within 30%; that count."""
+def report(runs: Sequence[SimulatedRun], setting: Setting, verbose: bool) -> None:
+    """Print each run's error (when `verbose`) and the count within 30%."""
     for run in runs if verbose else ():
         record = run.record
         print(f"{record['key']:46} {record['policy']:7} real "
@@ -208,7 +208,6 @@ def report(runs: Sequence[SimulatedRun], setting: Setting, verbose: bool) -> int
     median = float(np.median([run.error for run in runs]))
     print(f"{setting}: within 30% {within} of {len(runs)} runs, median {median:+.0%}",
           flush=True)
-    return within
 
 
 def main(argv: Sequence[str] | None = None) -> int:

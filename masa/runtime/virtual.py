@@ -183,8 +183,8 @@ class DeviceModel:
     # With shared_cpu_while_running, a LOAD's own multipliers beside another LOAD and
     # beside an EXEC (None: shared_cpu_multiplier). A LOAD creates a session (maps its
     # file, faults pages in and locks them: kernel work for the whole process); traced,
-    # one beside another LOAD took about 2.2x its time alone (a pointer, not yet a
-    # measurement: docs/bench-contention.md, "LOADs beside each other").
+    # one beside another LOAD took about 2.2x its time alone (docs/bench-contention.md,
+    # "LOADs beside each other"); benchmarks/fit_load_multipliers.py fits the rest.
     load_beside_load_multiplier: float | None = None
     load_beside_exec_multiplier: float | None = None
     # The executor's own time per task: from a task's end to the next start on its
