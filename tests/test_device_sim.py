@@ -102,6 +102,26 @@ def test_a_policy_that_exceeds_the_cap_is_predicted_killed_with_the_jobs_before(
     assert [job for job, _ in masa.device.jobs_finished_before_kill] == [0, 1]
 
 
+def test_the_runs_records_of_its_ended_tasks_count_as_anonymous_memory() -> None:
+    """A batch run keeps a record of every ended task until its report: memory the
+    base, measured before the first job, does not hold. Ten one-stage jobs one after
+    another (2 tasks each; at its EXEC a job holds 1010 bytes) fit a cap of base +
+    2000 without the records; with 60 bytes a task, job 8's EXEC starts beside 17
+    ended tasks' records (1020 bytes) and crosses it."""
+    graph = merge([chain_network(job, 0, [1_000], release_us=job * 1_000)
+                   for job in range(10)])
+    cap = BASE + 2_000
+    plain = simulate_graph(graph, workers=1, memory_budget_bytes=5_000,
+                           device=_device(cap, {}))
+    assert plain.device.killed_at_us is None
+    assert plain.device.peak_anonymous_bytes == BASE + 1_010
+    recorded = simulate_graph(graph, workers=1, memory_budget_bytes=5_000,
+                              device=replace(_device(cap, {}), record_bytes_per_task=60))
+    assert recorded.device.killed_at_us == 8_000 + 100  # job 8's LOAD ends at 8100
+    assert [job for job, _ in recorded.device.jobs_finished_before_kill] == list(range(8))
+    assert recorded.device.peak_anonymous_bytes > cap
+
+
 def _copied_loads(transient_bytes: int, networks: int = 2) -> TaskGraph:
     """`networks` one-stage networks arriving together; each LOAD holds 1000 resident
     bytes and, while it runs, `transient_bytes` more (a copied stage's parse)."""

@@ -22,7 +22,12 @@ from typing import Any
 from masa.common.errors import EXIT_USAGE, RunFailed, UserError
 from masa.common.units import format_bytes
 from masa.report.report import emulated_report, outcome_report, outcome_trace, write_json
-from masa.runtime.device import RUNTIME_BASE_BYTES, Device, load_device
+from masa.runtime.device import (
+    RUN_RECORD_BYTES_PER_TASK,
+    RUNTIME_BASE_BYTES,
+    Device,
+    load_device,
+)
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
 from masa.runtime.registry import KEEPING_POLICIES, keep_loaded_for
 from masa.runtime.runner import (
@@ -145,7 +150,8 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                  cpu_factor_by_network: Mapping[str, float] | None = None,
                  shared_cpu_multiplier: float = 1.0, dispatch_us: int = 0,
                  load_cpu_factor_by_network: Mapping[str, float] | None = None,
-                 shared_cpu_while_running: bool = False) -> DeviceModel:
+                 shared_cpu_while_running: bool = False,
+                 record_bytes_per_task: int = RUN_RECORD_BYTES_PER_TASK) -> DeviceModel:
     return DeviceModel(memory_cap_bytes=device.memory_cap_bytes,
                        runtime_base_bytes=runtime_base_bytes,
                        read_bytes_per_s=device.read_bytes_per_s,
@@ -155,7 +161,7 @@ def device_model(manifests: Mapping[str, NetworkManifest], device: Device,
                        load_cpu_factor_by_network=dict(load_cpu_factor_by_network or {}),
                        shared_cpu_multiplier=shared_cpu_multiplier,
                        shared_cpu_while_running=shared_cpu_while_running,
-                       dispatch_us=dispatch_us)
+                       dispatch_us=dispatch_us, record_bytes_per_task=record_bytes_per_task)
 
 
 def simulate_on_device(prepared: PreparedRun, settings: RunSettings,

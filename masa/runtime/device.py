@@ -34,6 +34,13 @@ PRESET_DIR = Path(__file__).with_name("devices")
 # measured by emulated runs here (32-36 MiB, docs/device-emulation.md): what the
 # simulator assumes when it cannot measure it.
 RUNTIME_BASE_BYTES = 34 * 2**20
+# What `masa run` holds per ended task until its report is written (the task's
+# schedule record, its place in the dispatch order, the memory samples taken around
+# it): anonymous memory the base, measured before the first job, does not hold, and
+# the simulator charges as tasks end. Measured with
+# `python benchmarks/bench_device.py --measure-run-records`: 1116 bytes on 2026-11-28
+# (small 1219, mixed 1014; docs/device-emulation.md).
+RUN_RECORD_BYTES_PER_TASK = 1116
 _FIELDS = ("name", "description", "memory", "reserved", "storage", "swap", "cores",
            "cold_cache")
 

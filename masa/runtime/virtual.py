@@ -21,8 +21,9 @@ room is the memory cap less the runtime's base and the anonymous memory held
 (the ledger's reservations less the loaded stages' mapped weight pages, which
 stay pinned in the cache while loaded); mapped pages that do not fit are read
 again by their EXEC (a thrash); and the run is predicted killed at the first
-moment the runtime's base plus the anonymous memory exceeds the cap, with the
-jobs that finished before it. A LOAD that reads from storage holds its direct
+moment the runtime's base plus the anonymous memory (with the run's records of
+its ended tasks, which grow as it goes) exceeds the cap, with the jobs that
+finished before it. A LOAD that reads from storage holds its direct
 memory (its peak above the stage's resident bytes: the parsed file beside the
 session's copy) only once its read has ended: while the file streams in, the
 buffer it fills is at most the resident bytes its lock already counts, and with
@@ -187,6 +188,10 @@ class DeviceModel:
     # "LOADs beside each other"); benchmarks/fit_load_multipliers.py fits the rest.
     load_beside_load_multiplier: float | None = None
     load_beside_exec_multiplier: float | None = None
+    # The anonymous memory the run keeps per ended task until its end (a batch run's
+    # records of it for the report: masa.runtime.device.RUN_RECORD_BYTES_PER_TASK);
+    # the runtime's base is measured before the first job, without them.
+    record_bytes_per_task: int = 0
     # The executor's own time per task: from a task's end to the next start on its
     # worker (the completion's hand-off, the loop's decision, freeing the task's
     # memory), measured as the mean gap between tasks on a busy worker. The worker
@@ -319,6 +324,7 @@ class DeviceBackend(VirtualBackend):
         self._state: SchedulerState | None = None
         self._ended_at_us: dict[str, int] = {}  # a task's end, before the dispatch time
         self._handed_over: set[str] = set()  # LOADs that took a kept stage, not yet ended
+        self._records_bytes = 0  # the run's records of its ended tasks
         if not device.cold_cache:
             for key, storage in device.stages.items():
                 self.cache.touch(key, storage.file_bytes)
@@ -328,17 +334,19 @@ class DeviceBackend(VirtualBackend):
         return key, self.device.stages.get(key, StageStorage(0))
 
     def _reserved_anonymous_bytes(self) -> int:
-        """The runtime's base plus the ledger's reservations less the mapped weight
-        pages of loaded stages."""
+        """The runtime's base and the run's records of its ended tasks, plus the
+        ledger's reservations less the mapped weight pages of loaded stages."""
         reserved = self._state.ledger.reserved_bytes if self._state is not None else 0
-        return self.device.runtime_base_bytes + max(0, reserved - self.mapped_loaded_bytes)
+        return (self.device.runtime_base_bytes + self._records_bytes
+                + max(0, reserved - self.mapped_loaded_bytes))
 
     def _anonymous_bytes(self, at_us: int) -> int:
         """The anonymous memory in use at `at_us` with today's reservations: less the
         direct memory of LOADs whose read has not ended by then."""
         not_yet = sum(direct for read_end_us, direct in self._reading.values()
                       if read_end_us > at_us)
-        return max(self.device.runtime_base_bytes, self._reserved_anonymous_bytes() - not_yet)
+        return max(self.device.runtime_base_bytes + self._records_bytes,
+                   self._reserved_anonymous_bytes() - not_yet)
 
     def _room_bytes(self) -> int:
         """The page cache's room: the cap less every reservation. (Giving it a
@@ -546,6 +554,7 @@ class DeviceBackend(VirtualBackend):
 
     def task_ended(self, task: Task, ok: bool, group_active: bool) -> None:
         self._reading.pop(task.task_id, None)
+        self._records_bytes += self.device.record_bytes_per_task
 
     def lock_released(self, lock: Lock, opener: Task) -> None:
         """A stage is unloaded when its LOAD's lock is released: its EXEC has ended, or
