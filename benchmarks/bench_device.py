@@ -58,11 +58,7 @@ import yaml
 from bench_compare import PAPER_GAIN, networks_per_job
 from bench_fidelity import DEFAULT_CACHE, ensure_zoo
 
-from masa.cli.emulated import (
-    device_model,
-    simulated_device_report,
-    stage_storage,
-)
+from masa.cli.emulated import device_model, simulated_device_report, stage_storage
 from masa.common.atomic import atomic_save_png, atomic_write_text
 from masa.report.report import emulated_report
 from masa.runtime.device import RUN_RECORD_BYTES_PER_TASK, Device, load_device
@@ -416,7 +412,7 @@ RECORD_JOBS = {"small": (100, 800), "mixed": (60, 480)}
 
 def measure_run_records(args: argparse.Namespace) -> float:
     """Print the anonymous memory `masa run` holds per ended task by the end of a run
-    (`masa.cli.emulated.RUN_RECORD_BYTES_PER_TASK`, which the simulator charges): each
+    (`masa.runtime.device.RUN_RECORD_BYTES_PER_TASK`, which the simulator charges): each
     scenario of RECORD_JOBS run for real on the warm mmap store (no device, a budget
     that never binds) with two numbers of jobs; the growth of its anonymous memory
     from before the first job to after the last, per task, between the two runs (the
@@ -1176,6 +1172,17 @@ SENSITIVITY_SCALES = (1.0, 1.1, 1.2, 1.3, 1.4)
 SENSITIVITY_ANONYMOUS_MIB = (20, 40, 80)
 
 
+def _resimulated(record: dict[str, Any], prepared: PreparedRun, cell: Cell, pin: Pin,
+                 scale: float = 1.0, extra_mib: int = 0) -> dict[str, Any]:
+    """The recorded run's calibrated simulation with every task's time x `scale` and
+    the runtime's base `extra_mib` larger."""
+    device, base_bytes = recorded_device(record, cell)
+    return simulate(simulated_policy(record), prepared, device, base_bytes + extra_mib * MIB,
+                    cell, pin, host_scale_of(record, pin) * scale,
+                    cache_first=record.get("cache_first", False),
+                    calibrated_only=True)["simulated_cpu"]
+
+
 def sensitivity(args: argparse.Namespace) -> None:
     """Print how the simulated mean of the named cells' recorded runs moves when every
     task takes longer than the pinned model says (its CPU factors x each scale): how
@@ -1191,24 +1198,15 @@ def sensitivity(args: argparse.Namespace) -> None:
         for cell in cells:
             prepared = prepare_cell(cell, args, Path(scratch), pin)
             for record in [r for r in results if r["key"] == cell.key]:
-                device, base_bytes = recorded_device(record, cell)
-                means = []
-                for scale in SENSITIVITY_SCALES:
-                    sim = simulate(simulated_policy(record), prepared, device, base_bytes,
-                                   cell, pin, host_scale_of(record, pin) * scale,
-                                   cache_first=record.get("cache_first", False),
-                                   calibrated_only=True)["simulated_cpu"]
-                    means.append(f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s")
+                means = [f"x{scale:g} {sim['mean_ms'] / 1e3:.1f} s" for scale, sim in (
+                    (scale, _resimulated(record, prepared, cell, pin, scale))
+                    for scale in SENSITIVITY_SCALES)]
                 print(f"{cell.key} {record['policy']}: real {record['real']['mean_ms'] / 1e3:.1f}"
                       f" s; simulated with every task's time x scale: {', '.join(means)}",
                       flush=True)
                 fuller = []
                 for extra_mib in SENSITIVITY_ANONYMOUS_MIB:
-                    sim = simulate(simulated_policy(record), prepared, device,
-                                   base_bytes + extra_mib * MIB, cell, pin,
-                                   host_scale_of(record, pin),
-                                   cache_first=record.get("cache_first", False),
-                                   calibrated_only=True)["simulated_cpu"]
+                    sim = _resimulated(record, prepared, cell, pin, extra_mib=extra_mib)
                     fuller.append(f"+{extra_mib} MiB {sim['mean_ms'] / 1e3:.1f} s, read "
                                   f"{sim['read_mib']:.0f} MiB")
                 print(f"  with more anonymous memory than modelled (real: peak "
@@ -1643,17 +1641,16 @@ def _masa_variant(record: dict[str, Any]) -> bool:
 def calibration(results: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
     """The simulator (`side`: simulated or simulated_cpu) against the emulated device,
     over every run with both: mean errors and masa/bulk ratio gaps, each with the
-    resource that binds (`bound_by`) and the cell's short name (the errors also with
-    the cell's key)."""
+    resource that binds (`bound_by`) and the cell's short name."""
     errors, kills, ratio_gaps = [], {"both": 0, "real only": 0, "simulated only": 0}, []
-    for key, runs in _by_cell(results).items():
+    for runs in _by_cell(results).values():
         for record in runs.values():
             real, sim = record["real"], record.get(side)
             if sim is None:
                 continue
             if real["status"] == sim["status"] == "finished" and real["mean_ms"]:
                 errors.append((bound_by(record), f"{_short(record)} {record['policy']}",
-                               sim["mean_ms"] / real["mean_ms"] - 1, key))
+                               sim["mean_ms"] / real["mean_ms"] - 1))
             killed = (real["status"] == "killed", sim["status"] == "killed")
             if killed == (True, True):
                 kills["both"] += 1
@@ -1679,7 +1676,7 @@ def _calibration_side(found: dict[str, Any]) -> list[str]:
     lines = [f"- Kills: predicted and real {kills['both']}, real but not predicted "
              f"{kills['real only']}, predicted but not real {kills['simulated only']}."]
     for bound, title in BOUND_TITLE.items():
-        named = [(name, e) for b, name, e, _ in found["mean_errors"] if b == bound]
+        named = [(name, e) for b, name, e in found["mean_errors"] if b == bound]
         errors = [e for _, e in named]
         gaps = [(name, g, windowed) for b, name, g, windowed in found["ratio_gaps_pp"]
                 if b == bound]
@@ -1732,11 +1729,14 @@ def _repeat_groups(results: Sequence[dict[str, Any]]
     return found
 
 
+def _run_means_ms(record: dict[str, Any]) -> list[float]:
+    """Each real run's mean response (ms) behind a record of `_by_cell` (its repeats)."""
+    return record["real"].get("runs_mean_ms", [record["real"]["mean_ms"]])
+
+
 def _real_means_ms(cells: dict[str, dict[str, dict[str, Any]]], policy: str) -> list[float]:
     """Every real run's mean response (ms) of `policy` in a group of repeated cells."""
-    return [mean for runs in cells.values()
-            for mean in runs[policy]["real"].get("runs_mean_ms",
-                                                 [runs[policy]["real"]["mean_ms"]])]
+    return [mean for runs in cells.values() for mean in _run_means_ms(runs[policy])]
 
 
 def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float],
@@ -1751,14 +1751,13 @@ def repeats(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple[list
             for name, cells in _repeat_groups(results).items()}
 
 
-def _experiment_of(results: Sequence[dict[str, Any]],
+def _experiment_of(by_cell: dict[str, dict[str, dict[str, Any]]],
                    groups: dict[str, dict[str, dict[str, dict[str, Any]]]]
                    ) -> dict[tuple[str, str], str]:
     """(cell key, policy) -> the name of the experiment its runs repeat: a group of
     repeated cells (`_repeat_groups`), or the cell itself; a baseline's runs in a cell
     where Masa kept loaded stages repeat those of the cell's plain twin (the same jobs;
     Bulk and DeepEye never keep, `keep_loaded_for`)."""
-    by_cell = _by_cell(results)
     group_of = {key: name for name, cells in groups.items() for key in cells}
     cells = {cell.key: cell for cell in grid()}
     experiment = {}
@@ -1774,37 +1773,35 @@ def _experiment_of(results: Sequence[dict[str, Any]],
     return experiment
 
 
-def pooled_cpu_errors(results: Sequence[dict[str, Any]], side: str,
-                      groups: dict[str, dict[str, dict[str, dict[str, Any]]]]
-                      ) -> list[tuple[str, float]]:
+def pooled_cpu_errors(results: Sequence[dict[str, Any]], side: str
+                      ) -> list[tuple[str, float, int]]:
     """Where the CPU binds, the simulated mean over the real one - 1 per experiment
     (`_experiment_of`): a group of repeated cells, or a baseline's runs in a cell and
     in its kept-stages twin, counts as one, its simulated mean (over the cells) against
     the mean of all its real runs. A single run's mean moves by up to 2x from one run
     to the next there, so the per-cell count measures that noise as much as the
-    simulator."""
-    experiment = _experiment_of(results, groups)
+    simulator. Each with the number of cells it pools."""
+    by_cell = _by_cell(results)
+    experiment = _experiment_of(by_cell, _repeat_groups(results))
     members: dict[str, list[dict[str, Any]]] = {}
-    for key, runs in _by_cell(results).items():
+    for key, runs in by_cell.items():
         for policy, record in runs.items():
             real, simulated = record["real"], record.get(side) or {}
             if (bound_by(record) == "cpu" and real["status"] == simulated.get("status")
                     == "finished" and real["mean_ms"] and simulated.get("mean_ms")):
                 members.setdefault(experiment[key, policy], []).append(record)
     return [(name, float(np.mean([r[side]["mean_ms"] for r in records]))
-             / float(np.mean([mean for r in records
-                              for mean in r["real"].get("runs_mean_ms",
-                                                        [r["real"]["mean_ms"]])])) - 1)
+             / float(np.mean([mean for r in records for mean in _run_means_ms(r)])) - 1,
+             len(records))
             for name, records in members.items()]
 
 
 def pooled_line(results: Sequence[dict[str, Any]], side: str) -> list[str]:
-    groups = _repeat_groups(results)
-    errors = pooled_cpu_errors(results, side, groups)
-    if not errors or not groups:  # without groups it is the per-run count above
+    errors = pooled_cpu_errors(results, side)
+    if not any(cells > 1 for _, _, cells in errors):  # then it is the per-run count above
         return []
-    far = ", ".join(f"{name} {e:+.0%}" for name, e in errors if abs(e) > 0.3)
-    within = sum(abs(e) <= 0.3 for _, e in errors)
+    far = ", ".join(f"{name} {e:+.0%}" for name, e, _ in errors if abs(e) > 0.3)
+    within = sum(abs(e) <= 0.3 for _, e, _ in errors)
     return [f"- Where the CPU binds, counting each group of repeats below, and Bulk's and "
             f"DeepEye's runs in a cell and in its kept-stages twin (the same jobs; they "
             f"never keep), as one experiment (its simulated mean against the mean of all "
@@ -1899,13 +1896,12 @@ def load_time_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     profiled time) in the latest runs where the CPU binds, made since the last repeat
     epoch, that read each stage file about once and loaded every stage they ran (no
     kept stages): the LOAD model checked on its own, beside the means it feeds."""
-    cells = {cell.key: cell for cell in grid()}
     parts = []
     for policy in POLICIES:
         ratios = []
-        for key, runs in _by_cell(results).items():
+        for runs in _by_cell(results).values():
             record = runs.get(policy)
-            if (record is None or key not in cells or cells[key].memory_scale != 1.0
+            if (record is None or record.get("memory_scale", 1.0) != 1.0
                     or record["started"] < CPU_REPEAT_EPOCHS[-1] or bound_by(record) != "cpu"
                     or not is_cached(record) or record.get("keep_loaded")):
                 continue
