@@ -494,9 +494,20 @@ def fit_dispatch(args: argparse.Namespace) -> Pin:
         + ", ".join(f"{us} us {error:+.0%}" for us, error in errors_by_us.items())
         + f"; {datetime.now(UTC).date()}; `--fit-dispatch`). Measured as the mean gap "
         f"between tasks on a worker whose queue never empties (`--measure-dispatch`) it "
-        f"includes waits: {pin.dispatch_us} us then ({pin.dispatch_source})"))
+        f"{MEASURED_DISPATCH_MARK}{_measured_dispatch(pin)}."))
     pin.save(args.pin)
     return pin
+
+
+MEASURED_DISPATCH_MARK = "includes waits: "
+
+
+def _measured_dispatch(pin: Pin) -> str:
+    """What `--measure-dispatch` last found, carried over from a fitted source
+    without the fits before it (each fit would otherwise quote the one before)."""
+    if pin.dispatch_source.startswith("fitted:"):
+        return pin.dispatch_source.split(MEASURED_DISPATCH_MARK, 1)[1].removesuffix(".")
+    return f"{pin.dispatch_us} us ({pin.dispatch_source})"
 
 
 def current(results: Sequence[dict[str, Any]], pin: Pin) -> list[dict[str, Any]]:
