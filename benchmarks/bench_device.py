@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -416,7 +417,8 @@ def measure_run_records(args: argparse.Namespace) -> float:
     scenario of RECORD_JOBS run for real on the warm mmap store (no device, a budget
     that never binds) with two numbers of jobs; the growth of its anonymous memory
     from before the first job to after the last, per task, between the two runs (the
-    base, measured before the first job, already holds the task graph)."""
+    base, measured before the first job, already holds the task graph and the
+    scheduler's entries for its tasks)."""
     pin = pinned_stores(args)
     slopes = []
     with tempfile.TemporaryDirectory(prefix="bench-device-") as scratch:
@@ -479,8 +481,9 @@ def fit_dispatch(args: argparse.Namespace) -> Pin:
                 cell = cells[record["key"]]
                 device, base_bytes = recorded_device(record, cell)
                 simulated = simulate("bulk", prepared[record["key"]], device, base_bytes, cell,
-                                     trial, host_scale_of(record, pin),
-                                     calibrated_only=True)["simulated_cpu"]
+                                     trial, host_scale_of(record, pin), calibrated_only=True,
+                                     record_bytes_per_task=record_bytes_of(record)
+                                     )["simulated_cpu"]
                 errors.append(simulated["mean_ms"] / record["real"]["mean_ms"] - 1)
             errors_by_us[dispatch_us] = float(np.median(errors))
             print(f"dispatch {dispatch_us} us: Bulk's median error {errors_by_us[dispatch_us]:+.1%}"
@@ -749,7 +752,8 @@ def run_policy(cell: Cell, policy: str, cache: Path, workload: Path, base_bytes:
               "load_after": round(os.getloadavg()[0], 2), "base_mib": round(base_bytes / MIB, 1),
               "cap_mib": round(device.memory_cap_bytes / MIB, 1),
               "stage_files_mib": stage_files_mib(prepared),
-              "host_cpu_scale": [probe_before, host_cpu_scale(cache)], "real": _stats(real)}
+              "host_cpu_scale": [probe_before, host_cpu_scale(cache)],
+              "run_record_bytes_per_task": RUN_RECORD_BYTES_PER_TASK, "real": _stats(real)}
     record["calibrated_cpu_load"] = calibrated_cpu_load(prepared, cell.workers, pin,
                                                         host_scale_of(record, pin), cell.store)
     if cell.memory_scale == 1.0:  # misjudged: the simulator's memory is the estimate itself
@@ -768,8 +772,8 @@ def host_scale_of(record: dict[str, Any], pin: Pin) -> float:
 
 def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int,
              cell: Cell, pin: Pin, scale: float = 1.0, cache_first: bool = True,
-             calibrated_only: bool = False, trace_path: Path | None = None
-             ) -> dict[str, Any]:
+             calibrated_only: bool = False, trace_path: Path | None = None,
+             record_bytes_per_task: int = RUN_RECORD_BYTES_PER_TASK) -> dict[str, Any]:
     """The run simulated on the device: with the profile's CPU times ("simulated") and
     calibrated ("simulated_cpu": each network's EXECs and LOADs x its CPU factors on a
     host probed at `scale` (`Pin.simulator_cpu`), x the multiplier while they run
@@ -777,16 +781,19 @@ def simulate(policy: str, prepared: PreparedRun, device: Device, base_bytes: int
     `cache_first`: whether masa's cached-stages-first rule ran; `calibrated_only`:
     the calibrated side alone (for the fits and sensitivities, which read nothing
     else); `trace_path`: where to write the calibrated side's Chrome trace
-    (fit_load_multipliers)."""
+    (fit_load_multipliers); `record_bytes_per_task`: what the run's code kept per ended
+    task (`record_bytes_of`)."""
     settings = cell_settings(cell, policy, cache_first)
     meta = {"workload": cell.scenario, **_profiled_us_by_network(prepared)}
     models = ({} if calibrated_only else
               {"simulated": device_model(prepared.manifests, device, base_bytes,
-                                         shared_cpu_while_running=True)})
-    calibrated = calibrated_model(prepared, device, base_bytes, cell, pin, scale)
+                                         shared_cpu_while_running=True,
+                                         record_bytes_per_task=record_bytes_per_task)})
+    calibrated = calibrated_model(prepared, device, base_bytes, cell, pin, scale,
+                                  record_bytes_per_task)
     if calibrated is not None:
         models["simulated_cpu"] = calibrated
-    figures: dict[str, Any] = {"simulated_record_bytes_per_task": RUN_RECORD_BYTES_PER_TASK}
+    figures: dict[str, Any] = {"simulated_record_bytes_per_task": record_bytes_per_task}
     for side, model in models.items():
         figures[side] = _stats(simulated_device_report(
             prepared, settings, model, device, meta,
@@ -809,7 +816,9 @@ def cell_settings(cell: Cell, policy: str, cache_first: bool = True) -> RunSetti
 
 
 def calibrated_model(prepared: PreparedRun, device: Device, base_bytes: int, cell: Cell,
-                     pin: Pin, scale: float) -> DeviceModel | None:
+                     pin: Pin, scale: float,
+                     record_bytes_per_task: int = RUN_RECORD_BYTES_PER_TASK
+                     ) -> DeviceModel | None:
     """The calibrated simulator's device (`Pin.simulator_cpu` on a host probed at
     `scale`, the multiplier charged while tasks run side by side, the dispatch time),
     or None when the pin has no CPU factors."""
@@ -821,7 +830,8 @@ def calibrated_model(prepared: PreparedRun, device: Device, base_bytes: int, cel
                          cpu_factor_by_network={name: exec_factors.get(name, 1.0)
                                                 for name in prepared.workload.networks},
                          shared_cpu_multiplier=shared, shared_cpu_while_running=True,
-                         dispatch_us=pin.dispatch_us, load_cpu_factor_by_network=load_factors)
+                         dispatch_us=pin.dispatch_us, load_cpu_factor_by_network=load_factors,
+                         record_bytes_per_task=record_bytes_per_task)
     return replace(model, load_beside_load_multiplier=beside_load,
                    load_beside_exec_multiplier=beside_exec)
 
@@ -1058,6 +1068,19 @@ def pending(cells: Sequence[Cell], done: set[tuple[str, str]]) -> Iterator[tuple
                 yield cell, policy
 
 
+# What `masa run` kept per ended task (its report's records, as ScheduledTask objects
+# and tuples) before it kept them in columns (masa.common.columns) and its baseline
+# held the scheduler's entries: the code of every run recorded without
+# `run_record_bytes_per_task` (`--measure-run-records`, 2026-11-28: small 1219, mixed
+# 1014 bytes).
+LEGACY_RUN_RECORD_BYTES_PER_TASK = 1116
+
+
+def record_bytes_of(record: dict[str, Any]) -> int:
+    """What the recorded run's code kept per ended task, as the simulator charges it."""
+    return record.get("run_record_bytes_per_task", LEGACY_RUN_RECORD_BYTES_PER_TASK)
+
+
 def recorded_device(record: dict[str, Any], cell: Cell) -> tuple[Device, int]:
     """The emulated device a recorded run had, and its measured runtime base."""
     base_bytes = round(record["base_mib"] * MIB)
@@ -1151,7 +1174,8 @@ def resimulate(args: argparse.Namespace) -> None:
             record.pop("simulated_cpu", None)
             record.update(simulate(simulated_policy(record), prepared, device, base_bytes,
                                    cell, pin, host_scale,
-                                   cache_first=record.get("cache_first", False)))
+                                   cache_first=record.get("cache_first", False),
+                                   record_bytes_per_task=record_bytes_of(record)))
     atomic_write_text(args.results, "".join(json.dumps(r) + "\n" for r in results))
 
 
@@ -1190,8 +1214,8 @@ def _resimulated(record: dict[str, Any], prepared: PreparedRun, cell: Cell, pin:
     device, base_bytes = recorded_device(record, cell)
     return simulate(simulated_policy(record), prepared, device, base_bytes + extra_mib * MIB,
                     cell, pin, host_scale_of(record, pin) * scale,
-                    cache_first=record.get("cache_first", False),
-                    calibrated_only=True)["simulated_cpu"]
+                    cache_first=record.get("cache_first", False), calibrated_only=True,
+                    record_bytes_per_task=record_bytes_of(record))["simulated_cpu"]
 
 
 def sensitivity(args: argparse.Namespace) -> None:
@@ -1869,16 +1893,20 @@ def calibration_lines(results: Sequence[dict[str, Any]], pin: Pin) -> list[str]:
                   or r.get("simulated_shared_cpu_multiplier", 1.0) != shared
                   or r.get("simulated_load_multipliers", [1.0, None, None])
                   != simulated_load_multipliers(pin, r.get("store", "mmap"))
-                  or r.get("simulated_record_bytes_per_task", 0) != RUN_RECORD_BYTES_PER_TASK
+                  or r.get("simulated_record_bytes_per_task", 0) != record_bytes_of(r)
                   or (alone and "simulated_host_cpu_scale" not in r))]
     if stale:
         lines += [f"**{len(stale)} runs were simulated with another dispatch time, "
                   "multiplier, host speed, LOAD multipliers or run records than the pinned "
                   "ones: run `--resimulate`.**", ""]
-    lines += [f"Both sides hold the run's records of its ended tasks as anonymous memory, "
-              f"{RUN_RECORD_BYTES_PER_TASK} bytes a task (what `masa run` keeps for its "
-              "report; `--measure-run-records`), beside the runtime's base measured before "
-              "the first job.", ""]
+    kept = Counter(record_bytes_of(r) for r in results if "simulated_record_bytes_per_task" in r)
+    lines += ["Both sides hold the run's records of its ended tasks as anonymous memory, "
+              "beside the runtime's base measured before the first job: what the run's code "
+              "kept for its report per ended task (`--measure-run-records`), "
+              + "; ".join(f"{per_task} bytes in {count} runs" for per_task, count
+                          in sorted(kept.items(), reverse=True))
+              + f" (the code that ships keeps {RUN_RECORD_BYTES_PER_TASK}: its records in "
+              "columns, its scheduler's entries in the base).", ""]
     fitted = fit_cpu(results)
     if fitted:
         lines += ["The same factors measured again in this grid's runs whose stage files "

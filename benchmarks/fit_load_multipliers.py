@@ -135,7 +135,8 @@ def simulate_runs(records: Sequence[dict[str, Any]], pin: Any, args: argparse.Na
             device_bench.simulated_policy(record), prepared[cell.key], device, base_bytes,
             cell, pin, device_bench.host_scale_of(record, pin),
             cache_first=record.get("cache_first", False), calibrated_only=True,
-            trace_path=trace_path)["simulated_cpu"]
+            trace_path=trace_path,
+            record_bytes_per_task=device_bench.record_bytes_of(record))["simulated_cpu"]
         shares = (load_shares_by_network(beside_shares(task_spans(json.loads(
             trace_path.read_text())), kind="load"), skip_first=device_bench.CACHED_AFTER)
             if trace_path.is_file() else {})

@@ -320,3 +320,26 @@ def test_an_emulated_run_writes_its_trace(tmp_path: Path,
     # Two jobs, a LOAD and an EXEC per stage.
     assert len(spans) == 2 * 2 * len(load_manifest(store / "chain").stages)
     assert _groups_left(os.getpid()) == []
+
+
+def test_the_runtime_base_holds_the_scheduler_entries_of_the_runs_tasks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run keeps its scheduler's entries for every task of the batch in its measured
+    baseline, so the device's base, which the default budget is the cap less, must
+    hold them too (or a long batch's bookkeeping goes over the cap)."""
+    from masa.cli import emulation_child
+    from masa.sched.taskgraph import Lock, Task, TaskGraph, TaskKind
+
+    monkeypatch.setattr(emulation_child, "find_memory_cgroup", lambda: None)  # own RSS
+    jobs = 10_000
+    tasks = tuple(Task(f"j{job}/n/s0/{kind.value}", kind, 10, 1, release_us=job, job_id=job,
+                       group=f"j{job}/n", network="n", stage_id="s0")
+                  for job in range(jobs) for kind in (TaskKind.LOAD, TaskKind.EXEC))
+    graph = TaskGraph(tasks, precedence=tuple(
+        (f"j{job}/n/s0/load", f"j{job}/n/s0/exec") for job in range(jobs)), locks=tuple(
+        Lock(f"j{job}/n/s0/weights", f"j{job}/n/s0/load", (f"j{job}/n/s0/exec",), 1)
+        for job in range(jobs)))
+    empty_base = emulation_child.runtime_base_bytes(TaskGraph(()), "masa")
+    batch_base = emulation_child.runtime_base_bytes(graph, "masa")
+    # At least 200 bytes a task (about 650 measured): the entries were counted.
+    assert batch_base - empty_base >= 200 * len(tasks)

@@ -24,8 +24,8 @@ from masa.common.units import format_bytes
 from masa.report.report import emulated_report, outcome_report, outcome_trace, write_json
 from masa.runtime.device import (
     RUN_RECORD_BYTES_PER_TASK,
-    RUNTIME_BASE_BYTES,
     Device,
+    assumed_runtime_base_bytes,
     load_device,
 )
 from masa.runtime.emulation import CgroupLayout, EmulationPlan, check_emulation, run_emulated
@@ -82,7 +82,8 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
     """One policy's run on the device, as a report (status finished / killed)."""
     meta = {"workload": str(args.workload), "device": plan.device.name}
     if getattr(args, "simulate", False):
-        budget_bytes = args.memory or plan.device.default_budget_bytes(RUNTIME_BASE_BYTES)
+        base_bytes = assumed_runtime_base_bytes(len(prepared.graph.tasks))
+        budget_bytes = args.memory or plan.device.default_budget_bytes(base_bytes)
         settings = RunSettings(policy=policy, workers=args.workers,
                                memory_budget_bytes=budget_bytes,
                                memory_source=getattr(args, "memory_source", "measured"),
@@ -90,7 +91,7 @@ def emulated_policy_report(args: argparse.Namespace, plan: EmulationPlan, policy
                                keep_loaded_bytes=keep_loaded_for(
                                    policy, getattr(args, "keep_loaded", None), budget_bytes))
         return simulated_device_report(prepared, settings, device_model(
-            prepared.manifests, plan.device, RUNTIME_BASE_BYTES), plan.device, meta,
+            prepared.manifests, plan.device, base_bytes), plan.device, meta,
             trace_path=getattr(args, "trace", None))
     run = run_emulated(plan, _spec(args, policy, prepared, meta))
     if run.status == "failed" and run.error_code is not None:
@@ -118,14 +119,15 @@ def measure_runtime_base(plan: EmulationPlan, args: argparse.Namespace,
 
 def prepare_for_device(args: argparse.Namespace) -> tuple[EmulationPlan, PreparedRun]:
     device, plan = device_plan(args)
-    room_bytes = device.default_budget_bytes(RUNTIME_BASE_BYTES)
+    prepared = prepare_run(args.workload, args.store, args.context, job_limit=args.jobs)
+    room_bytes = device.default_budget_bytes(assumed_runtime_base_bytes(
+        len(prepared.graph.tasks)))
     if args.memory is not None and args.memory > room_bytes:
         # Allowed (an experiment may want it), but the cap, not the budget, then binds.
         log.warning("--memory %s is above what device %s leaves the scheduler (its %s cap "
                     "less the runtime's base, about %s): a run may be killed",
                     format_bytes(args.memory), device.name,
                     format_bytes(device.memory_cap_bytes), format_bytes(room_bytes))
-    prepared = prepare_run(args.workload, args.store, args.context, job_limit=args.jobs)
     return plan, prepared
 
 

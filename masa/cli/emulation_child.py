@@ -3,8 +3,9 @@
 masa.runtime.emulation starts it inside the device's cgroups. It owns the
 order of one emulated run: prepare the run (the start-up checks: manifests,
 stage files by size and modification time, each network's version pinned),
-warm ONNX Runtime up and measure the runtime's own memory (the budget defaults
-to the device's cap less that base), evict the store's files from the page
+warm ONNX Runtime up and measure the runtime's own memory, the scheduler's
+entries for the run's tasks included (the budget defaults to the device's cap
+less that base), evict the store's files from the page
 cache (a cold device), then execute, writing one progress line per ended job
 so that a kill still tells the parent what finished, and one when the run
 ends (its time and its cgroup's peak, before anything is written). The run's report
@@ -32,7 +33,10 @@ from masa.common.procmem import find_memory_cgroup, read_cgroup_memory, rss_byte
 from masa.report.report import outcome_report, outcome_trace, write_json
 from masa.runtime.driver import Observer
 from masa.runtime.emulation import evict_files
+from masa.runtime.registry import make_policy
 from masa.runtime.runner import PreparedRun, RunSettings, execute, prepare_run
+from masa.sched.core import add_tasks, new_state
+from masa.sched.taskgraph import TaskGraph
 from model_prep.manifest import MANIFEST_NAME, NetworkManifest
 from model_prep.session import release_memory, warm_up
 
@@ -58,13 +62,21 @@ def network_files(manifests: Iterable[NetworkManifest]) -> list[Path]:
     return files
 
 
-def runtime_base_bytes() -> int:
+def runtime_base_bytes(graph: TaskGraph, policy: str) -> int:
     """The process's own memory before any job: its memory cgroup's usage (what the
-    cap binds), or its resident size outside one."""
+    cap binds), or its resident size outside one; with the scheduler's entry for each
+    of the run's tasks (about 650 bytes a task), which the run builds before its first
+    job and keeps in its measured baseline (masa.runtime.threads): built here to be
+    measured, then dropped for the run's own to take its place."""
     warm_up()
+    state = new_state(1, 1, make_policy(policy))
+    add_tasks(state, graph, arrived=False)
     release_memory()
     cgroup = find_memory_cgroup()
-    return read_cgroup_memory(cgroup).usage_bytes if cgroup is not None else rss_bytes()
+    base_bytes = (read_cgroup_memory(cgroup).usage_bytes if cgroup is not None
+                  else rss_bytes())
+    del state
+    return base_bytes
 
 
 def _check_versions(prepared: PreparedRun, expected: dict[str, str]) -> None:
@@ -84,7 +96,7 @@ def _run(spec: dict[str, Any], progress: IO[str]) -> None:
     prepared = prepare_run(spec["workload"], spec["store"], spec["context"],
                            job_limit=spec.get("job_limit"))
     _check_versions(prepared, spec.get("network_versions") or {})
-    base_bytes = runtime_base_bytes()
+    base_bytes = runtime_base_bytes(prepared.graph, spec["settings"]["policy"])
     settings = dict(spec["settings"])
     if settings.get("memory_budget_bytes") is None:
         settings["memory_budget_bytes"] = spec["memory_cap_bytes"] - base_bytes

@@ -36,13 +36,25 @@ PRESET_DIR = Path(__file__).with_name("devices")
 RUNTIME_BASE_BYTES = 34 * 2**20
 # What `masa run` holds per ended task until its report is written (the task's
 # schedule record, its place in the dispatch order, the memory samples taken around
-# it): anonymous memory the base, measured before the first job, does not hold, and
-# the simulator charges as tasks end. Measured with
-# `python benchmarks/bench_device.py --measure-run-records`: 1116 bytes on 2026-11-28
-# (small 1219, mixed 1014; docs/device-emulation.md).
-RUN_RECORD_BYTES_PER_TASK = 1116
+# it, kept in columns: masa.common.columns): anonymous memory the base, measured
+# before the first job, does not hold, and the simulator charges as tasks end.
+# Measured with `python benchmarks/bench_device.py --measure-run-records`: 195 bytes
+# on 2026-11-28 (small 149, mixed 242; 1116 before the columns and before the
+# baseline held the scheduler's entries; docs/device-emulation.md).
+RUN_RECORD_BYTES_PER_TASK = 195
+# The scheduler's entry for each task of a batch, which `masa run` builds before its
+# first job and holds in its base (masa.cli.emulation_child.runtime_base_bytes
+# measures it with the rest): 616-711 bytes a task in small's 33,600 (2026-11-28,
+# each policy's in a fresh process). A simulation assumes this much beside
+# RUNTIME_BASE_BYTES.
+SCHEDULER_BYTES_PER_TASK = 650
 _FIELDS = ("name", "description", "memory", "reserved", "storage", "swap", "cores",
            "cold_cache")
+
+
+def assumed_runtime_base_bytes(task_count: int) -> int:
+    """The runtime's base a simulation assumes for a batch of `task_count` tasks."""
+    return RUNTIME_BASE_BYTES + SCHEDULER_BYTES_PER_TASK * task_count
 
 
 @dataclass(frozen=True)

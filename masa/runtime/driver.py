@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from masa.common.columns import IntRows
 from masa.sched.context import ContextController
 from masa.sched.core import (
     CoreEvents,
@@ -55,7 +56,7 @@ from masa.sched.core import (
     select,
     take_events,
 )
-from masa.sched.taskgraph import Lock, ScheduledTask, Task, TaskGraph
+from masa.sched.taskgraph import Lock, ScheduledTask, ScheduleLog, Task, TaskGraph
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,21 @@ class Recorder(Observer):
 
     Memory is recorded at each change of the reserved bytes, or at every
     sample when measured memory is given (it changes without the ledger).
+    `compact()` keeps the schedule and the memory timeline in columns
+    (ScheduleLog, IntRows): a real run's records are part of the memory it
+    measures (about 200 bytes a task with them, 480 with objects).
     """
 
-    schedule: list[ScheduledTask] = field(default_factory=list)
+    schedule: list[ScheduledTask] | ScheduleLog = field(default_factory=list)
     dispatch_order: list[str] = field(default_factory=list)
     over_commits: list[OverCommit] = field(default_factory=list)
-    memory_timeline: list[tuple[int, int, int | None]] = field(
+    memory_timeline: list[tuple[int, int, int | None]] | IntRows = field(
         default_factory=lambda: [(0, 0, None)])
     group_status: dict[str, GroupStatus] = field(default_factory=dict)
+
+    @classmethod
+    def compact(cls) -> Recorder:
+        return cls(schedule=ScheduleLog(), memory_timeline=IntRows(3, [(0, 0, None)]))
 
     def dispatched(self, task_id: str, worker: int, now_us: int) -> None:
         self.dispatch_order.append(task_id)

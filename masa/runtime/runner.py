@@ -121,14 +121,14 @@ class RunOutcome:
     context: str
     graph: TaskGraph
     jobs: tuple[JobSpec, ...]
-    schedule: list[ScheduledTask]
+    schedule: Sequence[ScheduledTask]
     network_status: dict[str, str]  # group -> done / failed / skipped / aborted / cancelled
     network_reason: dict[str, str]
     over_commits: list[OverCommit]
     peak_reserved_bytes: int
     final_reserved_bytes: int
     # (time_us, reserved, measured memory above the baseline: real runs only, else None)
-    memory_timeline: list[tuple[int, int, int | None]]
+    memory_timeline: Sequence[tuple[int, int, int | None]]
     # Anonymous above the run's baseline + loaded stages' weights in memory (real runs)
     peak_measured_bytes: int | None = None
     live_sessions_after: int = 0

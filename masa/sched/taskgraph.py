@@ -20,9 +20,13 @@ masa.sched.jobs); solvers may ignore it, it only restricts the heuristic.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import overload
 
+from masa.common.columns import IntRows
 from masa.common.graphs import find_cycle
 
 
@@ -98,6 +102,59 @@ class ScheduledTask:
     start_us: int
     end_us: int
     status: str = "done"  # done / failed / cancelled
+
+
+class ScheduleLog(Sequence[ScheduledTask]):
+    """Ended tasks as a real run records them: a sequence of ScheduledTask held in
+    columns (the graph's own task-id strings, int64 times: about 40 bytes a task,
+    where a ScheduledTask with its two large ints takes about 230;
+    masa.common.columns). Read it as a list; records are built on reading."""
+
+    __slots__ = ("_task_ids", "_statuses", "_numbers")
+
+    def __init__(self, records: Iterable[ScheduledTask] = ()) -> None:
+        self._task_ids: list[str] = []
+        self._statuses: list[str] = []
+        self._numbers = IntRows(3)  # worker, start_us, end_us
+        for record in records:
+            self.append(record)
+
+    def append(self, record: ScheduledTask) -> None:
+        self._task_ids.append(record.task_id)
+        self._statuses.append(sys.intern(record.status))
+        self._numbers.append((record.worker, record.start_us, record.end_us))
+
+    def __len__(self) -> int:
+        return len(self._task_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> ScheduledTask: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ScheduledTask]: ...
+
+    def __getitem__(self, index: int | slice) -> ScheduledTask | list[ScheduledTask]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        worker, start_us, end_us = self._numbers[index]
+        return ScheduledTask(self._task_ids[index], worker, start_us, end_us,  # type: ignore[arg-type]
+                             self._statuses[index])
+
+    def __iter__(self) -> Iterator[ScheduledTask]:
+        for task_id, status, (worker, start_us, end_us) in zip(
+                self._task_ids, self._statuses, self._numbers, strict=True):
+            yield ScheduledTask(task_id, worker, start_us, end_us, status)  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ScheduleLog | list | tuple):
+            return len(self) == len(other) and all(
+                a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __sizeof__(self) -> int:  # the task-id strings are the graph's: not counted
+        return (object.__sizeof__(self) + sys.getsizeof(self._task_ids)
+                + sys.getsizeof(self._statuses) + sys.getsizeof(self._numbers))
 
 
 def validate_graph(graph: TaskGraph) -> list[str]:
