@@ -3171,8 +3171,15 @@ simulating recorded cells again with every task's time scaled
   it); that run is not comparable with the grid's (the host ran 1.94x slower than
   the profile, over capacity: 33.5 s real, 29.3 s simulated with its own times),
   and the gap is the executor's loop thread's work, which a slower host slows
-  too. A dispatch time per task kind or per stage size, fitted where the tasks are
-  short, is the next thing to try; not done."""
+  too. With 700 us instead (that trace's mean; the same runs, their own times),
+  83 of 90 come within 30%: DeepEye in light +4% and -4%, Masa there -22%, but
+  Bulk +3% to +32% everywhere (light +19%), and Masa in small at 1 and 2 GiB / 0.7
+  +35% and +66% where 400 us gave -38% and -24%: those means (1.0-1.3 s) swing by
+  90 points with 300 us a task, less than one run's own spread between tasks. No
+  one dispatch time serves every policy (Masa's and DeepEye's busy workers wait
+  for the core the loop takes, Bulk's idle core absorbs it: the traces of
+  "The light cell, task by task"); one per policy, fitted on the runs it is then
+  judged on, was not tried."""
 
 
 
