@@ -279,6 +279,37 @@ def test_a_real_run_measures_its_peak_and_split(small_zoo_store: Path) -> None:
 
 
 @pytest.mark.real
+def test_the_baseline_is_taken_with_every_task_of_the_batch_in_the_scheduler(
+        small_zoo_store: Path) -> None:
+    """The scheduler's entries for the batch (about 650 bytes a task, made before the
+    first job) are the run's bookkeeping: the baseline holds them, so measured memory
+    above it is the jobs' and a long batch does not shrink its own budget."""
+    from masa.runtime.threads import RealExecutor, RealRunConfig
+    from masa.sched.jobs import JobSpec, build_workload_graph
+    from model_prep.feeds import random_feeds
+
+    manifests = _manifests(small_zoo_store)
+    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
+             for name, m in manifests.items()}
+    jobs = [JobSpec(job_id, 0, NETWORKS) for job_id in range(3)]
+    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB,
+                                          memory_source="measured"))
+    tasks_at_baseline: list[int] = []
+    begin = executor.backend.begin
+
+    def counting_begin() -> None:
+        tasks_at_baseline.append(len(executor.state.tasks))
+        begin()
+
+    executor.backend.begin = counting_begin  # type: ignore[method-assign]
+    result = executor.run()
+    assert set(result.group_status.values()) == {"done"}
+    assert tasks_at_baseline == [len(graph.tasks)]
+
+
+@pytest.mark.real
 @pytest.mark.slow
 def test_measured_source_reads_statm_once_per_decision(small_zoo_store: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
