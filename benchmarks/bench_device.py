@@ -35,6 +35,7 @@ not run yet marked as missing.
     sudo python benchmarks/bench_device.py --rerun 'mixed|512MiB|rho0.7'   # after a change
     python benchmarks/bench_device.py --doc-only          # re-render from the results
     python benchmarks/bench_device.py --sensitivity 'small|512MiB|rho0.7|60s|w2|oblivious|'
+    python benchmarks/bench_device.py --oracle            # each run at its own CPU times
 """
 
 from __future__ import annotations
