@@ -3166,7 +3166,7 @@ simulating recorded cells again with every task's time scaled
   real; -14% to -28% with kept stages, 0.3-0.4 s), light (-41%; -20% with kept
   stages). What the simulator leaves out is per
   task, and weighs most where the tasks are short: traced the same day, Bulk in
-  light (FaceNet's EXECs about 4 ms a stage) left 572 us median, 702 us mean
+  light (its FaceNet EXECs 5.1 ms a stage, median) left 572 us median, 702 us mean
   between consecutive tasks on a busy worker, against the simulator's 400 us
   (fitted on Bulk's mean response over all the cells, where longer tasks dilute
   it); that run is not comparable with the grid's (the host ran 1.94x slower than

@@ -216,7 +216,9 @@ def _manifests(store: Path) -> dict:
     return {name: load_store_network(store, name) for name in NETWORKS}
 
 
-def _real_run(store: Path, memory_source: str = "model"):
+def _real_executor(store: Path, memory_source: str = "model", jobs: int = 2):
+    """A real executor of `jobs` jobs of both NETWORKS at once, 2 workers, 64 MiB, and its
+    graph."""
     from masa.runtime.threads import RealExecutor, RealRunConfig
     from masa.sched.jobs import JobSpec, build_workload_graph
     from model_prep.feeds import random_feeds
@@ -224,11 +226,16 @@ def _real_run(store: Path, memory_source: str = "model"):
     manifests = _manifests(store)
     feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
              for name, m in manifests.items()}
-    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
-    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
+    graph = build_workload_graph([JobSpec(job_id, 0, NETWORKS) for job_id in range(jobs)],
+                                 manifests, list(NETWORKS))
     executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
                             RealRunConfig(workers=2, memory_budget_bytes=64 * MIB,
                                           memory_source=memory_source))
+    return graph, executor
+
+
+def _real_run(store: Path, memory_source: str = "model"):
+    graph, executor = _real_executor(store, memory_source)
     return graph, executor.run()
 
 
@@ -284,18 +291,7 @@ def test_the_baseline_is_taken_with_every_task_of_the_batch_in_the_scheduler(
     """The scheduler's entries for the batch (about 650 bytes a task, made before the
     first job) are the run's bookkeeping: the baseline holds them, so measured memory
     above it is the jobs' and a long batch does not shrink its own budget."""
-    from masa.runtime.threads import RealExecutor, RealRunConfig
-    from masa.sched.jobs import JobSpec, build_workload_graph
-    from model_prep.feeds import random_feeds
-
-    manifests = _manifests(small_zoo_store)
-    feeds = {name: random_feeds(m.inputs, np.random.default_rng(7))
-             for name, m in manifests.items()}
-    jobs = [JobSpec(job_id, 0, NETWORKS) for job_id in range(3)]
-    graph = build_workload_graph(jobs, manifests, list(NETWORKS))
-    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
-                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB,
-                                          memory_source="measured"))
+    graph, executor = _real_executor(small_zoo_store, "measured", jobs=3)
     tasks_at_baseline: list[int] = []
     begin = executor.backend.begin
 

@@ -67,16 +67,13 @@ def runtime_base_bytes(graph: TaskGraph, policy: str) -> int:
     cap binds), or its resident size outside one; with the scheduler's entry for each
     of the run's tasks (about 650 bytes a task), which the run builds before its first
     job and keeps in its measured baseline (masa.runtime.threads): built here to be
-    measured, then dropped for the run's own to take its place."""
+    measured, then dropped (on return) for the run's own to take its place."""
     warm_up()
     state = new_state(1, 1, make_policy(policy))
     add_tasks(state, graph, arrived=False)
     release_memory()
     cgroup = find_memory_cgroup()
-    base_bytes = (read_cgroup_memory(cgroup).usage_bytes if cgroup is not None
-                  else rss_bytes())
-    del state
-    return base_bytes
+    return read_cgroup_memory(cgroup).usage_bytes if cgroup is not None else rss_bytes()
 
 
 def _check_versions(prepared: PreparedRun, expected: dict[str, str]) -> None:
