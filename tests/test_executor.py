@@ -222,6 +222,79 @@ def test_wrong_input_shape_fails_that_job_alone(manifests, feeds):
     _assert_clean(graph, result, 2, 64 * MIB)
 
 
+def test_a_failing_input_fails_that_network_alone(manifests, feeds):
+    """The worker that makes a network instance's inputs reports their error as the
+    network's; the job's other network and the other jobs finish."""
+    jobs = [JobSpec(0, 0, NETWORKS), JobSpec(1, 0, NETWORKS)]
+
+    def inputs_for(job_id, network, upstream):
+        if (job_id, network) == (0, "agenet"):
+            raise ValueError("camera frame 0 is truncated")
+        return feeds[network]
+
+    graph, result = _run(manifests, feeds, jobs, inputs_for=inputs_for)
+    assert result.group_status == {"j0/agenet": "failed", "j0/googlenet": "done",
+                                   "j1/agenet": "done", "j1/googlenet": "done"}
+    assert "input: camera frame 0 is truncated" in result.errors["j0/agenet"]
+    _assert_clean(graph, result, 2, 64 * MIB)
+
+
+def test_inputs_are_made_on_a_worker_and_read_by_every_input_reader(tmp_path):
+    """A network whose 12 branches all read its input: the worker running the first
+    branch makes the input while another worker's branch waits for it (not on the
+    loop's thread, whose dispatches would wait), and the outputs are the whole
+    model's."""
+    import threading
+
+    import models
+
+    from masa.common.libc import WORKER_THREAD_PREFIX
+    from model_prep.prepare_cli import prepare_network
+
+    model_path = models.save(models.wide_fanout(np.random.default_rng(3)), tmp_path, "fan")
+    manifest = prepare_network(model_path, tmp_path / "store", "fan", profile=False,
+                               show_progress=False).manifest
+    readers = [stage for stage in manifest.stages
+               if any(tensor.name == "x" for tensor in stage.inputs)]
+    assert len(readers) >= 2
+    x = np.random.default_rng(5).random((1, 3, 8, 8), dtype=np.float32)
+    graph = build_workload_graph([JobSpec(0, 0, ("fan",))], {"fan": manifest}, ["fan"])
+    reader_waiting = threading.Event()
+    makers: list[str] = []
+
+    def inputs_for(job_id, network, upstream):
+        makers.append(threading.current_thread().name)
+        # Held until another input reader waits for them (bounded: a failure, not a hang).
+        reader_waiting.wait(timeout=30)
+        return {"x": x}
+
+    executor = RealExecutor(graph, {"fan": manifest}, inputs_for,
+                            RealRunConfig(workers=2, memory_budget_bytes=64 * MIB))
+    stages = executor.backend.stages
+    coming = stages.inputs_coming
+
+    def inputs_coming(group):
+        coming(group)
+        pending = stages.inputs_pending[group]
+        wait = pending.wait
+
+        def waited():
+            reader_waiting.set()
+            return wait()
+
+        pending.wait = waited
+
+    stages.inputs_coming = inputs_coming
+    result = executor.run()
+    assert result.group_status == {"j0/fan": "done"}
+    assert reader_waiting.is_set(), "no second input reader ran while the inputs were made"
+    assert len(makers) == 1 and makers[0].startswith(WORKER_THREAD_PREFIX)
+    whole = run_whole_model(model_path, manifest, {"x": x})
+    for name, expected in whole.items():
+        assert np.allclose(result.outputs["j0/fan"][name], expected, atol=1e-5)
+    assert not stages.inputs_pending and not stages.tensors
+
+
 def test_stage_file_corrupted_mid_job_fails_that_job_alone(store, feeds, tmp_path):
     # A private copy of the store, so the corruption cannot leak into other tests.
     import shutil

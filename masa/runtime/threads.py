@@ -12,8 +12,11 @@ only carries dispatches out and reports completions:
   the page cache cannot drop them before the EXEC) and keeps it under
   (group, stage); an EXEC runs the stage on tensors of the
   job's tensor store, with its own RunOptions so that CA-preempt can stop it;
-- a network instance's input tensors are made when its first EXEC is
-  dispatched (by then the upstream outputs a derived input needs exist);
+- a network instance's input tensors are made by the worker that runs its
+  first EXEC, before the stage (the loop only hands it the upstream outputs a
+  derived input needs, which exist by then): making them (random data, an
+  image fitted to the input) takes a millisecond or two that would otherwise
+  hold up every other dispatch and completion;
 - when the core releases a lock the backend unloads the session (LOAD lock)
   or drops the stage's output tensors (EXEC lock); a network's final outputs
   are kept for the job's result first. Memory really returns: no handle to a
@@ -110,6 +113,8 @@ DEFAULT_MEMORY_SOURCE = "measured"
 
 # inputs_for(job_id, network, upstream_outputs) -> feeds of the network's inputs
 InputsFor = Callable[[int, str, Mapping[str, Mapping[str, np.ndarray]]], dict[str, np.ndarray]]
+# ... bound to one network instance, for the worker that makes them
+MakeInputs = Callable[[], Mapping[str, np.ndarray]]
 
 
 # `default_heap_slack_bytes`: at most this much, and at most 1/64 of the budget.
@@ -391,6 +396,9 @@ class _Stages:
         # stage_id): the slot of each of the three dicts above, moved out of its job.
         self.kept: dict[tuple[str, str], tuple[ort.InferenceSession,
                                                tuple[str, int] | None, LockedPages | None]] = {}
+        # Network instances whose inputs a worker is making: set when they are in the
+        # tensor store (or will never be), for another EXEC of the instance reading them.
+        self.inputs_pending: dict[str, threading.Event] = {}
         self.warned_unlocked = False
         self.lock = threading.Lock()
 
@@ -418,6 +426,9 @@ class _Stages:
             return
         if task.kind is not TaskKind.EXEC:
             raise RuntimeError(f"task {task.task_id}: the real executor has no {task.kind.value}")
+        pending = self.inputs_pending.get(task.group)
+        if pending is not None:  # another input reader of the instance makes them now
+            pending.wait()
         with self.lock:
             session = self.sessions[key]
             feeds = {}
@@ -433,6 +444,21 @@ class _Stages:
         with self.lock:
             for name, value in zip(names, values, strict=True):
                 self.tensors[(task.group, name)] = value
+
+    def inputs_coming(self, group: str) -> None:
+        """A worker will make the instance's inputs (`put_inputs`); its other EXECs wait."""
+        self.inputs_pending[group] = threading.Event()
+
+    def put_inputs(self, group: str, feeds: Mapping[str, np.ndarray] | None) -> None:
+        """The instance's inputs are made (None: they failed): into the tensor store,
+        unless the instance was dropped meanwhile (they would stay there for good)."""
+        with self.lock:
+            pending = self.inputs_pending.pop(group, None)
+            if pending is not None and feeds is not None:
+                for name, value in feeds.items():
+                    self.tensors[(group, name)] = value
+        if pending is not None:
+            pending.set()
 
     def _warn_unlocked(self, data_path: str) -> None:
         """Say once that weights go unlocked: a warning under a memory limit, where
@@ -546,8 +572,11 @@ class _Stages:
         for key in loaded:
             self._unload(key)
         with self.lock:
+            pending = self.inputs_pending.pop(group, None)
             for key in [k for k in self.tensors if k[0] == group]:
                 del self.tensors[key]
+        if pending is not None:
+            pending.set()
 
 
 class ThreadBackend:
@@ -562,7 +591,9 @@ class ThreadBackend:
         self.stages = _Stages(manifests, config.intra_op_threads, config.keep_cached_bytes)
         # Completions from workers, and None to wake the loop for a submitted job.
         self.completions: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
-        self.work_queues: list[queue.SimpleQueue[Task | None]] = [
+        # A task, and what makes its network instance's inputs when it is their first
+        # reader; None stops the worker.
+        self.work_queues: list[queue.SimpleQueue[tuple[Task, MakeInputs | None] | None]] = [
             queue.SimpleQueue() for _ in range(config.workers)]
         self.threads: list[threading.Thread] = []
         self.outputs: dict[str, dict[str, np.ndarray]] = {}  # group -> final outputs
@@ -642,14 +673,12 @@ class ThreadBackend:
             self.reused.discard(task.task_id)
             self.completions.put(Completion(task.task_id, self.now_us(), True))
             return
+        make_inputs = None
         if task.kind is TaskKind.EXEC:
-            error = self._prepare_inputs(task.group)
-            if error is not None:  # the network fails alone, without running the stage
-                self.completions.put(Completion(task.task_id, self.now_us(), False, error))
-                return
+            make_inputs = self._inputs_maker(task.group)
             self.stages.run_options[task.task_id] = ort.RunOptions()
         self.meter.tasks_running(True)
-        self.work_queues[worker].put(task)
+        self.work_queues[worker].put((task, make_inputs))
 
     def terminate(self, task_ids: Sequence[str]) -> list[Completion]:
         """An EXEC stops at its next node boundary, a LOAD when it ends: both report later."""
@@ -802,22 +831,18 @@ class ThreadBackend:
 
     # ------------------------------------------------------------ helpers
 
-    def _prepare_inputs(self, group: str) -> str | None:
-        """Put a network instance's input tensors into the tensor store; the error, if any."""
+    def _inputs_maker(self, group: str) -> MakeInputs | None:
+        """What makes a network instance's inputs, for the worker running its first
+        input-reading EXEC; None once handed out. The upstream outputs are taken here,
+        on the loop's thread, which alone changes them."""
         if group in self.inputs_ready:
             return None
         self.inputs_ready.add(group)
         job_id, network = parse_group(group)
-        try:
-            feeds = self.inputs_for(job_id, network, self.upstream_outputs(job_id))
-        except Exception as error:  # a bad input fails this network alone
-            log.debug("job %d network %s: input failed:\n%s", job_id, network,
-                      traceback.format_exc())
-            return f"input: {one_line(error)}"
-        with self.stages.lock:
-            for name, value in feeds.items():
-                self.stages.tensors[(group, name)] = value
-        return None
+        upstream = {name: dict(outputs)
+                    for name, outputs in self.upstream_outputs(job_id).items()}
+        self.stages.inputs_coming(group)
+        return lambda: self.inputs_for(job_id, network, upstream)
 
     def _collect_outputs(self, task: Task) -> None:
         """Keep a network's final outputs for the job result before they are dropped."""
@@ -834,17 +859,32 @@ class ThreadBackend:
     def _worker(self, index: int) -> None:
         name_this_thread(f"{WORKER_THREAD_PREFIX}-{index}")
         while True:
-            task = self.work_queues[index].get()
-            if task is None:
+            item = self.work_queues[index].get()
+            if item is None:
                 return
+            task, make_inputs = item
             error = detail = None
-            try:
-                self.stages.run_task(task)
-            except Exception as exc:  # reported to the loop, which fails the group
-                error = f"{type(exc).__name__}: {one_line(exc)}"
-                detail = traceback.format_exc()
+            if make_inputs is not None:
+                error, detail = self._make_inputs(task, make_inputs)
+            if error is None:  # else the network fails alone, without running the stage
+                try:
+                    self.stages.run_task(task)
+                except Exception as exc:  # reported to the loop, which fails the group
+                    error = f"{type(exc).__name__}: {one_line(exc)}"
+                    detail = traceback.format_exc()
             self.completions.put(Completion(task.task_id, self.now_us(), error is None,
                                             error, detail))
+
+    def _make_inputs(self, task: Task, make_inputs: MakeInputs) -> tuple[str | None, str | None]:
+        """A worker makes its task's network instance's inputs: (error, detail) if that
+        failed (a bad input fails this network alone), else (None, None)."""
+        try:
+            feeds = make_inputs()
+        except Exception as error:
+            self.stages.put_inputs(task.group, None)
+            return f"input: {one_line(error)}", traceback.format_exc()
+        self.stages.put_inputs(task.group, feeds)
+        return None, None
 
 
 class _OverCommitLog(Observer):
