@@ -79,6 +79,27 @@ def test_statm_split_of_this_process_matches_its_rss() -> None:
     assert abs(split.resident_bytes - rss) <= MIB  # two reads, a few allocations apart
 
 
+def test_statm_kept_open_is_read_again_by_a_forked_child() -> None:
+    """The kept-open statm is the process's own: a forked child (a profiler's worker)
+    that allocates 64 MiB sees them, not its parent's figures."""
+    resident_split()  # the parent has opened its statm
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: allocate, touch, report, leave without cleanup handlers
+        try:
+            before = resident_split().anonymous_bytes
+            block = bytearray(64 * MIB)
+            block[::4096] = b"x" * len(block[::4096])
+            os.write(write_end, str(resident_split().anonymous_bytes - before).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    grown = int(os.read(read_end, 64))
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert grown >= 60 * MIB
+
+
 # ---------------------------------------------------------------- fake cgroup trees
 
 

