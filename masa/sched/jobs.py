@@ -22,8 +22,8 @@ Everything the process holds for a job is in the ledger (docs/scheduling.md,
 - the network instance's input tensors: the lock ``j{job}/{network}/inputs`` of
   the bytes of the manifest's inputs, opened by the EXEC of the first stage
   (manifest order) that reads a network input and held until every EXEC of
-  the instance has ended (the executor makes the inputs when the instance's
-  first EXEC is dispatched and drops them when the instance ends). A network
+  the instance has ended (the executor's worker makes the inputs when it starts
+  the instance's first EXEC, and they are dropped when the instance ends). A network
   whose stages read no network input has no such lock.
 - precedence LOAD(s) -> EXEC(s), EXEC(p) -> EXEC(s) for every producer p;
 - start_after LOAD(p) -> LOAD(s) for every producer p: the LOAD order rule. A
@@ -350,8 +350,8 @@ def _add_network(parts: _GraphParts, job: JobSpec, network: str, network_index: 
 def _add_inputs_lock(parts: _GraphParts, group: str, plan: NetworkPlan) -> None:
     """The network instance's input tensors: from its first input-reading EXEC on.
 
-    The executor puts them into the instance's tensor store when its first EXEC
-    is dispatched and drops them when the instance ends, so the lock is held
+    The executor's worker puts them into the instance's tensor store when it starts
+    its first EXEC, and they are dropped when the instance ends, so the lock is held
     until every EXEC of the instance has ended. The start_after edges make the
     opener the first input-reading EXEC to start.
     """
