@@ -3183,7 +3183,27 @@ simulating recorded cells again with every task's time scaled
   runs at their own times with 550 us, between the two, come within 30% in 28 of
   30 (the calibrated simulation: 28), light -33% and small at 512 MiB / 0.7 over
   120 s -36% (at 400 us -41% and -49%, at 700 us -22% and -11%, where small at 2
-  GiB / 0.7 is then +66%)."""
+  GiB / 0.7 is then +66%).
+- **The executor's loop does less per task** (2026-11-29, session 43; 53a5911,
+  29e6105; the grid's runs predate it, and none was rerun: the host ran 1.4-2.1x
+  slower than the profile all session). Timed inside `masa run` (light at half its
+  rate, 200 jobs, 1 GiB, `--keep-loaded 0`, warm store), the loop's thread took
+  0.6-0.9 ms of CPU a task, and the start of a network instance's first EXEC held
+  it 1.6-2.0 ms (p90) while it drew the instance's random input; every other
+  dispatch and completion waited. The worker starting that EXEC now makes the
+  inputs (numpy's draw releases the GIL; another input-reading EXEC of the
+  instance waits for them), and /proc/self/statm, read at every decision and by the
+  memory sampler every 2 ms, is kept open (21 us a read in a run, against 70). Old
+  (22f2f6b) and new code alternated three times on those jobs: the loop's CPU fell
+  from 4.27 to 3.33 s (Masa) and from 3.94 to 2.84 s (Bulk), their mean response
+  from 85.7 to 82.8 ms and from 156.6 to 140.8 ms. Simulated with its own CPU
+  times, a run of light at 0.35 on the device (517 jobs; the host 1.3-2.1x slow,
+  so about 0.5-0.7 of its capacity), two runs each: Masa -14% and -17% before,
+  -4% and -12% with the inputs on the workers; DeepEye -11% and -17%, then -10%
+  and -15%; Bulk -32% and -38%, then -38% and -33%. Tried and dropped: unloading a
+  released session after the decision's tasks had started (where the budget holds
+  both); the session's teardown holds the GIL, so the started worker waited for it
+  anyway (hand-off 142 to 434 us, Masa)."""
 
 
 
