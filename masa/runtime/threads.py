@@ -832,9 +832,10 @@ class ThreadBackend:
     # ------------------------------------------------------------ helpers
 
     def _inputs_maker(self, group: str) -> MakeInputs | None:
-        """What makes a network instance's inputs, for the worker running its first
-        input-reading EXEC; None once handed out. The upstream outputs are taken here,
-        on the loop's thread, which alone changes them."""
+        """What makes a network instance's inputs, for the worker running the first
+        of its EXECs to start (the inputs lock's opener, or a stage that reads none
+        before it); None once handed out. The upstream outputs are taken here, on the
+        loop's thread, which alone changes them."""
         if group in self.inputs_ready:
             return None
         self.inputs_ready.add(group)
