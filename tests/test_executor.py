@@ -367,6 +367,12 @@ def test_run_command_writes_report_and_trace(store, tmp_path, capsys):
         assert report["summary"]["jobs"] == 3
         assert report["meta"]["simulated"] is simulate
         assert report["meta"]["read_ahead_bytes"] is None
+        # The executor's loop's own CPU: measured in a real run, within its wall time.
+        loop_cpu_us = report["meta"]["loop_cpu_us"]
+        if simulate:
+            assert loop_cpu_us is None
+        else:
+            assert 0 < loop_cpu_us <= report["summary"]["last_end_us"] * 1.05 + 50_000
         assert all(n["status"] == "done" for j in report["jobs"] for n in j["networks"])
         trace = json.loads(trace_path.read_text())
         assert any(e.get("ph") == "X" for e in trace["traceEvents"])

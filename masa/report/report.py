@@ -409,6 +409,10 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"LOAD time beside an EXEC "
         f"{_share(overall.get('load_overlapped_us'), overall.get('load_us'))}, "
         f"over-commits {overall['over_commits']}")
+    loop_cpu_us = (report.get("meta") or {}).get("loop_cpu_us")
+    if loop_cpu_us and overall["makespan_us"]:
+        lines.append(f"the executor's loop: {loop_cpu_us / 1e6:.2f} s of CPU, "
+                     f"{loop_cpu_us / overall['makespan_us']:.0%} of a core over the makespan")
     cgroup = overall.get("cgroup")
     if cgroup:
         lines.append(format_cgroup(cgroup))
@@ -481,6 +485,7 @@ def outcome_report(outcome: RunOutcome, meta: Mapping[str, object] | None = None
               "keep_cached_bytes": settings.keep_cached_bytes,
               "keep_loaded_bytes": settings.keep_loaded_bytes, "errors": outcome.errors,
               "policy_stats": getattr(outcome, "policy_stats", {}),
+              "loop_cpu_us": getattr(outcome, "loop_cpu_us", None),
               "error_tracebacks": outcome.error_details,
               "process_memory_after_bytes": outcome.process_memory_after,
               # network -> sha256 of the manifest the run pinned (model_prep.store_lock)

@@ -144,6 +144,8 @@ class RunOutcome:
     # The signal that stopped a real run (SIGINT, SIGTERM): the outcome is partial and
     # the networks it did not finish have the status "interrupted".
     interrupted: str | None = None
+    # Real runs: CPU time of the executor's loop thread (RealRunResult.loop_cpu_us)
+    loop_cpu_us: int | None = None
 
 
 def load_manifests(store_dir: str | Path, names: Sequence[str]) -> dict[str, NetworkManifest]:
@@ -401,7 +403,7 @@ def _real_outcome(prepared: PreparedRun, settings: RunSettings,
         error_details=result.error_details,
         outputs=result.outputs, process_memory_after=result.process_memory_after,
         measured_memory=result.measured_memory(), interrupted=result.interrupted,
-        policy_stats=result.policy_stats,
+        policy_stats=result.policy_stats, loop_cpu_us=result.loop_cpu_us,
     )
 
 
