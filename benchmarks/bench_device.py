@@ -682,6 +682,9 @@ def _stats(report: dict[str, Any]) -> dict[str, Any]:
         "load_ratio": time_ratio(report, "load"),
         "exec_ratio_by_network": ratio_by_network(report, "exec"),
         "load_ratio_by_network": ratio_by_network(report, "load", CACHED_AFTER),
+        # The executor's loop thread's CPU (real runs since 2026-11-29, else None).
+        "loop_cpu_s": (round(report["meta"]["loop_cpu_us"] / 1e6, 2)
+                       if (report.get("meta") or {}).get("loop_cpu_us") else None),
     }
 
 
