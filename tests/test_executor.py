@@ -295,6 +295,47 @@ def test_inputs_are_made_on_a_worker_and_read_by_every_input_reader(tmp_path):
     assert not stages.inputs_pending and not stages.tensors
 
 
+@pytest.mark.parametrize("room", ["both fit", "tight"])
+def test_an_unloaded_stages_weights_are_unmapped_after_the_next_start_when_both_fit(
+        manifests, feeds, room):
+    """A LOAD lock released: the session goes at once; its locked weights stay mapped
+    until the decision's tasks are on their way (the loop does not hold them up for
+    the unmapping), unless the budget cannot hold both, where they go before the next
+    task starts."""
+    from masa.sched.core import MemoryLedger
+    from masa.sched.taskgraph import TaskKind
+
+    graph = build_workload_graph([JobSpec(0, 0, ("agenet",))], manifests, list(NETWORKS))
+    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
+                            RealRunConfig(workers=1, memory_budget_bytes=64 * MIB))
+    backend, stages = executor.backend, executor.backend.stages
+    loads = [task for task in graph.tasks if task.kind is TaskKind.LOAD]
+    first = next(task for task in loads
+                 if stages.stages[(task.network, task.stage_id)].loaded_mapped_bytes)
+    second = next(task for task in loads if task is not first)
+    lock = next(lock for lock in graph.locks if lock.from_task == first.task_id)
+    key = (first.group, first.stage_id)
+    backend.begin()
+    try:
+        stages.run_task(first)
+        locked = stages.locked_weights.get(key)
+        if locked is None:
+            pytest.skip("the weights cannot be locked here (RLIMIT_MEMLOCK, no CAP_IPC_LOCK)")
+        reserved_bytes = 0 if room == "both fit" else 64 * MIB - lock.memory_bytes + 1
+        backend.ledger = MemoryLedger(budget_bytes=64 * MIB, reserved_bytes=reserved_bytes)
+        backend.lock_released(lock, first)
+        assert key not in stages.sessions and key not in stages.locked_weights
+        assert locked.locked  # the core's release unloads the session, not the mapping
+        backend.start(second, 0)
+        assert locked.locked == (room == "both fit")
+        (completion,) = backend.wait(None)
+        assert completion.task_id == second.task_id and completion.ok
+        assert not locked.locked and not backend.unmaps_due
+    finally:
+        backend.close()
+        backend.meter.finish()
+
+
 def test_stage_file_corrupted_mid_job_fails_that_job_alone(store, feeds, tmp_path):
     # A private copy of the store, so the corruption cannot leak into other tests.
     import shutil
