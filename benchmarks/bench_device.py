@@ -3211,10 +3211,17 @@ simulating recorded cells again with every task's time scaled
   mean is its size over the spare capacity, which a few percent of host speed
   moves. Real runs record their loop's CPU from now on (`loop_cpu_s`; the report's
   `meta.loop_cpu_us`): 9.1-9.4 s of the 60 s in light at 0.35 on the device, on a
-  host 1.8-2.0x slow. Tried and dropped: unloading a released session after the
-  decision's tasks had started (where the budget holds both); the session's
-  teardown holds the GIL, so the started worker waited for it anyway (hand-off 142
-  to 434 us, Masa)."""
+  host 1.8-2.0x slow. A trace of a steady-state job then showed FaceNet's next EXEC
+  starting 3.8 ms after its 144 MiB fc stage's: the loop was unmapping that stage's
+  locked weights (0.6 ms on an idle machine). An unloaded stage's weights are now
+  unmapped once the decision's tasks have started, where the budget holds both (the
+  session itself still goes at once; munmap runs without the GIL). FaceNet's EXEC
+  chain in jobs 100-199 of the same half-rate light, old and new code alternated
+  twice: the gap after the 144 MiB stage 2.4 to 1.35 ms, after the 64 MiB one 1.6
+  to 0.98 ms, the others 0.7-1.1 to 0.55-0.73 ms (medians); FaceNet's span 58.4 to
+  53.9 ms; mean response 106.9 to 91.6 ms. Deferring the whole unload did not help:
+  the session's teardown holds the GIL, so the started worker waited for it anyway
+  (hand-off 142 to 434 us, Masa)."""
 
 
 
