@@ -17,7 +17,9 @@ only carries dispatches out and reports completions:
   derived input needs, which exist by then): making them (random data, an
   image fitted to the input) takes a millisecond or two that would otherwise
   hold up every other dispatch and completion;
-- when the core releases a lock the backend unloads the session (LOAD lock)
+- when the core releases a lock the backend unloads the session (LOAD lock;
+  its locked weights are unmapped once the decision's tasks have started,
+  where the budget holds both, so that the next EXEC does not wait for it)
   or drops the stage's output tensors (EXEC lock); a network's final outputs
   are kept for the job's result first. Memory really returns: no handle to a
   session is kept elsewhere, and `release_memory` (malloc_trim) runs after
