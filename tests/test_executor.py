@@ -44,9 +44,9 @@ def feeds(manifests: dict[str, NetworkManifest]) -> dict[str, dict[str, np.ndarr
     return {name: random_feeds(m.inputs, np.random.default_rng(7)) for name, m in manifests.items()}
 
 
-def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * MIB,
-         inputs_for=None, memory_source="measured", plan_in_background=True,
-         read_ahead_bytes=None):
+def _executor(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * MIB,
+              inputs_for=None, memory_source="measured", plan_in_background=True,
+              read_ahead_bytes=None):
     graph = build_workload_graph(jobs, manifests, list(NETWORKS))
     executor = RealExecutor(
         graph, manifests,
@@ -55,6 +55,11 @@ def _run(manifests, feeds, jobs, *, policy="masa", workers=2, budget_bytes=64 * 
                       memory_source=memory_source, plan_in_background=plan_in_background,
                       read_ahead_bytes=read_ahead_bytes),
     )
+    return graph, executor
+
+
+def _run(manifests, feeds, jobs, **options):
+    graph, executor = _executor(manifests, feeds, jobs, **options)
     return graph, executor.run()
 
 
@@ -305,9 +310,7 @@ def test_an_unloaded_stages_weights_are_unmapped_after_the_next_start_when_both_
     from masa.sched.core import MemoryLedger
     from masa.sched.taskgraph import TaskKind
 
-    graph = build_workload_graph([JobSpec(0, 0, ("agenet",))], manifests, list(NETWORKS))
-    executor = RealExecutor(graph, manifests, lambda job_id, network, upstream: feeds[network],
-                            RealRunConfig(workers=1, memory_budget_bytes=64 * MIB))
+    graph, executor = _executor(manifests, feeds, [JobSpec(0, 0, ("agenet",))], workers=1)
     backend, stages = executor.backend, executor.backend.stages
     loads = [task for task in graph.tasks if task.kind is TaskKind.LOAD]
     first = next(task for task in loads
