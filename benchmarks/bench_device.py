@@ -33,6 +33,7 @@ not run yet marked as missing.
 
     sudo python benchmarks/bench_device.py [--cache DIR] [--max-minutes M] [--only small,mixed]
     sudo python benchmarks/bench_device.py --rerun 'mixed|512MiB|rho0.7'   # after a change
+    sudo python benchmarks/bench_device.py --rerun cpu --wait-for-host 10 --max-minutes 170
     python benchmarks/bench_device.py --doc-only          # re-render from the results
     python benchmarks/bench_device.py --sensitivity 'small|512MiB|rho0.7|60s|w2|oblivious|'
     python benchmarks/bench_device.py --oracle            # each run at its own CPU times
@@ -1382,10 +1383,35 @@ def misjudged_store(store: Path, scale: float) -> Path:
     return target
 
 
+# The --rerun entry that names every cell where the CPU binds (`rerun_keys`).
+CPU_BOUND_ENTRY = "cpu"
+
+
 def _names(prefix: str, key: str) -> bool:
     """A --rerun entry names the cells whose key starts with it; with a trailing '|',
     only the cell whose key it is."""
     return key == prefix[:-1] if prefix.endswith("|") else key.startswith(prefix)
+
+
+def rerun_keys(entries: Sequence[str], results: Sequence[dict[str, Any]]) -> list[str]:
+    """The --rerun entries, with CPU_BOUND_ENTRY replaced by the key of every cell
+    whose recorded runs the CPU binds (each cell alone: `_names`)."""
+    if CPU_BOUND_ENTRY not in entries:
+        return list(entries)
+    cpu_bound = sorted({f"{r['key']}|" for r in results if bound_by(r) == "cpu"})
+    return [e for e in entries if e != CPU_BOUND_ENTRY] + cpu_bound
+
+
+def wait_for_host(store: Path, scale: float, deadline_s: float, every_minutes: float
+                  ) -> float:
+    """Probe the host again every `every_minutes` until its CPU is at most
+    MAX_HOST_CPU_SCALE x the profile or the deadline passes; the last probe."""
+    while scale > MAX_HOST_CPU_SCALE and time.monotonic() + 60 * every_minutes < deadline_s:
+        print(f"the host's CPU is {scale:.2f}x the profile: probing again in "
+              f"{every_minutes:g} min", flush=True)
+        time.sleep(60 * every_minutes)
+        scale = host_cpu_scale(store)
+    return scale
 
 
 def run_grid(args: argparse.Namespace) -> None:
@@ -1393,6 +1419,7 @@ def run_grid(args: argparse.Namespace) -> None:
              and (c.store == "mmap" or args.copy_cache is not None)]
     pin = pinned_stores(args)
     results = current(load_results(args.results), pin)
+    args.rerun = rerun_keys(args.rerun, results)
     commit = _commit()
     # A cell to run again counts as done only for the runs made on this very commit,
     # so that an interrupted rerun resumes where it stopped.
@@ -1417,6 +1444,9 @@ def run_grid(args: argparse.Namespace) -> None:
             prepared = prepare_run(workload, store, cell.context)
             cpu_binds = not card_binds(stage_files_mib(prepared), cell.store == "copy",
                                        cell.budget_mib)
+            if cpu_binds and args.wait_for_host and not args.ignore_host_speed:
+                scale_before = wait_for_host(store, scale_before, deadline_s,
+                                             args.wait_for_host)
             too_slow = None if args.ignore_host_speed else host_too_slow(scale_before, cpu_binds)
             if too_slow:
                 print(f"{cell.key} {policy}: not run: {too_slow} (--ignore-host-speed runs "
@@ -1452,7 +1482,9 @@ def run_grid(args: argparse.Namespace) -> None:
 # in the light cell): a new experiment, whose runs are averaged apart from those
 # before. Add a start here when a change to the real executor
 # (masa/runtime/threads.py, model_prep, workloads) makes later runs a different
-# experiment.
+# experiment, once such runs exist (the fits and the LOAD-time check read the runs
+# since the latest start): 2026-11-29T02:29:27 (61b265a) for the code of session 43
+# (inputs made by the worker, statm kept open, weights unmapped after the starts).
 CPU_REPEAT_EPOCHS = ("2026-11-27T14:53:18", "2026-11-28T11:56:46")
 # Where the card binds, since a LOAD reads its missing pages with pread and
 # waits for no other LOAD's read while it locks the pages it found cached (before,
@@ -3245,7 +3277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rerun", type=lambda t: [k for k in t.split(",") if k], default=[],
                         help="run again the cells whose key starts with one of these "
                              "(comma-separated, e.g. 'mixed|512MiB|rho0.7|60s'; with a trailing "
-                             "'|' only the cell of that key), unless "
+                             f"'|' only the cell of that key; '{CPU_BOUND_ENTRY}': every cell "
+                             "where the CPU binds), unless "
                              "already run on this commit; the page shows the latest runs")
     parser.add_argument("--policies", type=lambda t: [p for p in t.split(",") if p],
                         default=list(POLICIES),
@@ -3278,6 +3311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="print each latest run where the CPU binds simulated with its "
                         "own measured CPU times beside the calibrated simulation; nothing "
                         "written")
+    parser.add_argument("--wait-for-host", type=float, default=0.0, metavar="MINUTES",
+                        help="where the CPU binds and the host is too slow, probe it again "
+                        "every MINUTES until it is fast enough (within --max-minutes) "
+                        "instead of skipping the run")
     parser.add_argument("--ignore-host-speed", action="store_true",
                         help="run the cells where the CPU binds even when this machine's "
                         f"CPU is more than {MAX_HOST_CPU_SCALE}x slower than the profile")
