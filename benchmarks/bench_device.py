@@ -3308,10 +3308,27 @@ simulating recorded cells again with every task's time scaled
   from 1.7-2.0x to 1.9-2.5x (three probes back to back read 1.75, 1.87 and 1.94x), and
   the simulation followed the probes: on that host a 4-second probe was off by up to a
   fifth, more than the spare capacity of the cells near saturation (light's calibrated
-  load is 0.91). To run the CPU-bound cells again on one commit when the host allows:
-  `sudo python benchmarks/bench_device.py --rerun cpu --wait-for-host 10 --max-minutes
-  170` (32 cells, about 2.5 hours), with 2026-11-29T02:29:27 added to
-  `CPU_REPEAT_EPOCHS` once its first runs exist."""
+  load is 0.91). What is left, as far as these runs show: the executor's time between
+  tasks and the EXECs' cost beside other tasks. Traced on that host at light's rate
+  x0.38 and x0.42 (so that its calibrated load is about the grid's; jobs 300-550), a
+  worker waited 615 and 660 us on average between tasks where it waited under 5 ms
+  (median 419 and 425 us, p90 1.3 and 1.5 ms), where the simulator charges 400 us
+  after every task; light's many short stages (27 tasks a job) pay that most. The tail
+  looks like the GIL's (sampled with py-spy --gil, a session's teardown is the loop's
+  largest hold of it): a worker's hand-off (start to its worker's taking the task up:
+  p50 59 us, p90 0.8 ms, p99 2.8 ms) and a completion's way back to the loop (p99 3.2
+  ms) wait for it; Python's switch interval (5 ms or 0.5 ms) and the workers' nice
+  value (0 or 5) changed neither. And in the grid's runs the calibrated simulation's
+  EXEC time per profiled time falls short of DeepEye's by 5-13% in light, heavy, mixed
+  and stochastic I and II at 2 GiB (its two lanes run EXECs side by side) and of
+  Masa's by 6-8% in light and heavy, while Bulk's, whose EXECs run alone, are within
+  5%: one multiplier for an EXEC beside any task undercharges an EXEC beside another
+  EXEC. Every task of light 10% longer is what takes the simulated Masa and DeepEye
+  there to the real means (2026-11-28, *The simulator*, above). To run the CPU-bound
+  cells again on one commit when the host allows: `sudo python
+  benchmarks/bench_device.py --rerun cpu --wait-for-host 10 --max-minutes 170` (32
+  cells, about 2.5 hours), with 2026-11-29T02:29:27 added to `CPU_REPEAT_EPOCHS` once
+  its first runs exist."""
 
 
 
