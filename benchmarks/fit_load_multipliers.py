@@ -45,6 +45,7 @@ and its mean compared with the real one. Without --fit it checks the setting giv
     python benchmarks/fit_load_multipliers.py --fit 2 [--save] [--only small]
     python benchmarks/fit_load_multipliers.py --alone-scale 0.51 --beside-load 2.2 \\
         --beside-exec 1.9
+    python benchmarks/fit_load_multipliers.py --execs   # the EXECs' multipliers, printed
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class SimulatedRun:
     record: dict[str, Any]
     simulated_mean_ms: float
     shares_by_network: dict[str, LoadShares]
+    # ... and its EXECs' (`--execs`): alone, beside a LOAD, beside EXECs only
+    exec_shares_by_network: dict[str, LoadShares]
 
     @property
     def error(self) -> float:
@@ -137,11 +140,58 @@ def simulate_runs(records: Sequence[dict[str, Any]], pin: Any, args: argparse.Na
             cache_first=record.get("cache_first", False), calibrated_only=True,
             trace_path=trace_path,
             record_bytes_per_task=device_bench.record_bytes_of(record))["simulated_cpu"]
-        shares = (load_shares_by_network(beside_shares(task_spans(json.loads(
-            trace_path.read_text())), kind="load"), skip_first=device_bench.CACHED_AFTER)
-            if trace_path.is_file() else {})
-        runs.append(SimulatedRun(record, simulated["mean_ms"], shares))
+        spans = task_spans(json.loads(trace_path.read_text())) if trace_path.is_file() else []
+        shares = load_shares_by_network(beside_shares(spans, kind="load"),
+                                        skip_first=device_bench.CACHED_AFTER)
+        exec_shares = load_shares_by_network(beside_shares(spans, kind="exec"))
+        runs.append(SimulatedRun(record, simulated["mean_ms"], shares, exec_shares))
     return runs
+
+
+def fit_execs(runs: Sequence[SimulatedRun], pin: Any) -> None:
+    """Print the EXECs' scale alone and multipliers beside a LOAD and beside an EXEC
+    that best explain the runs' EXEC time per network (the LOADs' model applied to
+    EXECs: `fit_load_multipliers`, their factors alone x the run's probe as the
+    reference), and how far each policy's EXECs are from it and from the pinned model
+    (alone 1.0, one multiplier beside any task): nothing is pinned."""
+    rows: list[tuple[str, str, LoadShares, float, float]] = []
+    for run in runs:
+        record = run.record
+        ratios = record["real"].get("exec_ratio_by_network") or {}
+        exec_factors, _, _ = pin.simulator_cpu(device_bench.host_scale_of(record, pin),
+                                               record.get("store", "mmap"))
+        shares = run.exec_shares_by_network
+        networks = [n for n in ratios if n in shares and n in exec_factors]
+        total_us = sum(shares[n].duration_us for n in networks)
+        rows += [(record["policy"], record["key"], shares[n], ratios[n] / exec_factors[n],
+                  shares[n].duration_us / total_us) for n in networks]
+    fitted = fit_load_multipliers([(shares, ratio, weight)
+                                   for _, _, shares, ratio, weight in rows])
+    if fitted is None:
+        raise SystemExit("the runs' EXEC shares do not tell the contexts apart")
+    alone, beside_load, beside_exec = fitted
+    shared = pin.shared_cpu_multiplier
+    print(f"EXECs fitted on {len(runs)} runs: alone x{alone:.3f}, beside a LOAD "
+          f"x{beside_load:.3f}, beside an EXEC x{beside_exec:.3f} (pinned: alone x1.0, "
+          f"beside any task x{shared})")
+
+    def predicted(shares: LoadShares, alone: float, beside_load: float,
+                  beside_exec: float) -> float:
+        return 1 / (shares.alone / alone + shares.beside_load / (alone * beside_load)
+                    + shares.beside_exec / (alone * beside_exec))
+
+    for policy in sorted({row[0] for row in rows}):
+        own = [row for row in rows if row[0] == policy]
+        weights = [row[4] for row in own]
+        off = {label: np.average([ratio / predicted(shares, *model) - 1
+                                  for _, _, shares, ratio, _ in own], weights=weights)
+               for label, model in (("fitted", fitted), ("pinned", (1.0, shared, shared)))}
+        print(f"  {policy}: its EXEC time over the fitted model's {off['fitted']:+.1%}, over "
+              f"the pinned model's {off['pinned']:+.1%}; by cell, over the fitted model's:")
+        for key in sorted({row[1] for row in own}):
+            cell = [row for row in own if row[1] == key]
+            errors = [ratio / predicted(shares, *fitted) - 1 for _, _, shares, ratio, _ in cell]
+            print(f"    {key}: {np.average(errors, weights=[row[4] for row in cell]):+.1%}")
 
 
 TRACED_SHARE_BESIDE_LOAD = 1 / 3  # a policy's traced fit of m_LL counts from this share
@@ -222,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fit-beside-load", action="store_true",
                         help="fit m_LL too instead of holding it at the traced value")
     parser.add_argument("--save", action="store_true", help="pin the fitted setting")
+    parser.add_argument("--execs", action="store_true",
+                        help="fit the EXECs' multipliers alone, beside a LOAD and beside an "
+                             "EXEC the same way and print them (nothing pinned)")
     parser.add_argument("--only", default="", help="cells whose key starts with this")
     parser.add_argument("--cache", type=Path, default=device_bench.DEFAULT_CACHE)
     parser.add_argument("--copy-cache", type=Path, default=None)
@@ -243,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fit-load-") as scratch:
         prepared: dict[str, Any] = {}
         runs = simulate_runs(records, setting.on(pin), args, Path(scratch), prepared)
+        if args.execs:
+            fit_execs(runs, pin)
+            return 0
         for _ in range(args.fit):
             report(runs, setting, verbose=False)
             setting, used = fit(runs, pin, held)
