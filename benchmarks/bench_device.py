@@ -3326,10 +3326,14 @@ simulating recorded cells again with every task's time scaled
   1.09x beside a LOAD and 1.14x beside an EXEC, where the simulator charges 1.0x and
   1.117x beside any task; Bulk's and Masa's EXECs fit that within 3%, DeepEye's are 4%
   slower over all its runs and 9-15% in light, heavy and stochastic I and II (within
-  5% in small), which no split by what runs beside them explains. Every task of light
-  10% longer is what takes the simulated Masa and DeepEye there to the real means
-  (2026-11-28, *The simulator*, above). To run the CPU-bound cells again on one commit
-  when the host allows: `sudo python benchmarks/bench_device.py --rerun cpu
+  5% in small), which no split by what runs beside them explains. The same stage's
+  EXEC alone differs by policy too: traced on a warm store at light's rate x0.25 (120
+  jobs), FaceNet's 144 MiB fc stage took 12.3 ms under Bulk, 12.8 under DeepEye and
+  11.4 under Masa (its 64 MiB one 5.4, 5.7 and 5.0 ms), though its LOAD ended about as
+  long before under DeepEye as under Bulk (21 and 22 ms, Masa 12 ms). Every task of
+  light 10% longer is what takes the simulated Masa and DeepEye there to the real
+  means (2026-11-28, *The simulator*, above). To run the CPU-bound cells again on one
+  commit when the host allows: `sudo python benchmarks/bench_device.py --rerun cpu
   --wait-for-host 10 --max-minutes 170` (32 cells, about 2.5 hours), with
   2026-11-29T02:29:27 added to `CPU_REPEAT_EPOCHS` once its first runs exist."""
 
