@@ -3290,50 +3290,51 @@ simulating recorded cells again with every task's time scaled
   down (session and mapping: 140-1140 us a stage on that host, most of it with the GIL
   held) on a thread of their own, once the decision's tasks were taken up by their
   workers, took 35-40% of the loop's CPU off it, but light at about a quarter of its
-  rate (120 jobs, 1 GiB, warm store, old and new code alternated three times) answered
-  no faster: Masa 85.8 against 88.3 ms, Bulk 102.6 against 101.1, DeepEye 93.5 against
-  94.3 (FaceNet's span under Masa 51.6 against 54.6 ms): on two cores the teardown's
-  CPU is taken from the other worker's EXEC instead. Not kept. *Random task times*: in
-  a traced run of light (half rate, warm store) the tasks vary a lot about their
-  stage's mean (coefficient of variation 0.3-0.9), which a simulator with fixed times
-  leaves out; simulated again with every task's time x a lognormal factor of mean 1
-  (CV 0.3 and 0.6, seeded; not kept), light's and small's misses moved by at most 2
-  points (Masa in light -46% -> -45%, DeepEye -41%; small over 120 s Masa -40% ->
-  -38%, DeepEye +31% -> +30%). *Capacity*: light run past saturation (`--capacity
-  'light|1024MiB|rho0.7|60s|w2|wait|' --capacity-rho 0.7 --capacity-span 30`: 517
-  jobs, a calibrated CPU load of 1.7-2.1 on that host), real against calibrated
-  makespan: Masa 40.5 against 43.5 s and 42.1 against 51.5, Bulk 59.5 against 62.6 and
-  60.5 against 75.9, DeepEye 46.5 against 48.3 and 46.9 against 49.1. The real
-  makespans held within 4% from one run to the next while the probes around them went
-  from 1.7-2.0x to 1.9-2.5x (three probes back to back read 1.75, 1.87 and 1.94x), and
-  the simulation followed the probes: on that host a 4-second probe was off by up to a
-  fifth, more than the spare capacity of the cells near saturation (light's calibrated
-  load is 0.91). What is left, as far as these runs show: the executor's time between
-  tasks and the EXECs' cost beside other tasks. Traced on that host at light's rate
-  x0.38 and x0.42 (so that its calibrated load is about the grid's; jobs 300-550), a
-  worker waited 615 and 660 us on average between tasks where it waited under 5 ms
-  (median 419 and 425 us, p90 1.3 and 1.5 ms), where the simulator charges 400 us
-  after every task; light's many short stages (27 tasks a job) pay that most. The tail
-  looks like the GIL's (sampled with py-spy --gil, a session's teardown is the loop's
-  largest hold of it): a worker's hand-off (start to its worker's taking the task up:
-  p50 59 us, p90 0.8 ms, p99 2.8 ms) and a completion's way back to the loop (p99 3.2
-  ms) wait for it; Python's switch interval (5 ms or 0.5 ms) and the workers' nice
-  value (0 or 5) changed neither. And DeepEye's EXECs take longer than the simulator
-  charges them: fitted on the 90 runs where the CPU binds (their EXEC time per
-  network, with the shares of it alone, beside a LOAD and beside an EXEC from their
-  calibrated simulations; `python benchmarks/fit_load_multipliers.py --execs`, the
-  LOADs' fit applied to EXECs; nothing pinned), an EXEC takes 1.02x its factor alone,
-  1.09x beside a LOAD and 1.14x beside an EXEC, where the simulator charges 1.0x and
-  1.117x beside any task; Bulk's and Masa's EXECs fit that within 3%, DeepEye's are 4%
-  slower over all its runs and 9-15% in light, heavy and stochastic I and II (within
-  5% in small), which no split by what runs beside them explains. The same stage's
-  EXEC alone differs by policy too: traced on a warm store at light's rate x0.25 (120
-  jobs), FaceNet's 144 MiB fc stage took 12.3 ms under Bulk, 12.8 under DeepEye and
-  11.4 under Masa (its 64 MiB one 5.4, 5.7 and 5.0 ms), though its LOAD ended about as
-  long before under DeepEye as under Bulk (21 and 22 ms, Masa 12 ms). Every task of
-  light 10% longer is what takes the simulated Masa and DeepEye there to the real
-  means (2026-11-28, *The simulator*, above). To run the CPU-bound cells again on one
-  commit when the host allows: `sudo python benchmarks/bench_device.py --rerun cpu
+  rate (a job every 250 ms, 120 jobs, 1 GiB, warm store, old and new code alternated
+  three times) answered no faster: Masa 85.8 against 88.3 ms, Bulk 102.6 against
+  101.1, DeepEye 93.5 against 94.3 (FaceNet's span under Masa 51.6 against 54.6 ms):
+  on two cores the teardown's CPU is taken from the other worker's EXEC instead. Not
+  kept. *Random task times*: in a traced run of light (half rate, warm store) the
+  tasks vary a lot about their stage's mean (coefficient of variation 0.3-0.9), which
+  a simulator with fixed times leaves out; simulated again with every task's time x a
+  lognormal factor of mean 1 (CV 0.3 and 0.6, seeded; not kept), light's and small's
+  misses moved by at most 2 points (Masa in light -46% -> -45%, DeepEye -41%; small
+  over 120 s Masa -40% -> -38%, DeepEye +31% -> +30%). *Capacity*: light run past
+  saturation (`--capacity 'light|1024MiB|rho0.7|60s|w2|wait|' --capacity-rho 0.7
+  --capacity-span 30`: 517 jobs, a calibrated CPU load of 1.7-2.1 on that host), real
+  against calibrated makespan: Masa 40.5 against 43.5 s and 42.1 against 51.5, Bulk
+  59.5 against 62.6 and 60.5 against 75.9, DeepEye 46.5 against 48.3 and 46.9 against
+  49.1. The real makespans held within 4% from one run to the next while the probes
+  around them went from 1.7-2.0x to 1.9-2.5x (three probes back to back read 1.75,
+  1.87 and 1.94x), and the simulation followed the probes: on that host a 4-second
+  probe was off by up to a fifth, more than the spare capacity of the cells near
+  saturation (light's calibrated load is 0.91). What is left, as far as these runs
+  show: the executor's time between tasks and the EXECs' cost beside other tasks.
+  Traced on that host at light's rate x0.38 and x0.42 (so that its calibrated load is
+  about the grid's; jobs 300-550), a worker waited 615 and 660 us on average between
+  tasks where it waited under 5 ms (median 419 and 425 us, p90 1.3 and 1.5 ms), where
+  the simulator charges 400 us after every task; light's many short stages (27 tasks a
+  job) pay that most. The tail looks like the GIL's (sampled with py-spy --gil, a
+  session's teardown is the loop's largest hold of it): a worker's hand-off (start to
+  its worker's taking the task up: p50 59 us, p90 0.8 ms, p99 2.8 ms) and a
+  completion's way back to the loop (p99 3.2 ms) wait for it; Python's switch interval
+  (5 ms or 0.5 ms) and the workers' nice value (0 or 5) changed neither. And DeepEye's
+  EXECs take longer than the simulator charges them: fitted on the 90 runs where the
+  CPU binds (their EXEC time per network, with the shares of it alone, beside a LOAD
+  and beside an EXEC from their calibrated simulations; `python
+  benchmarks/fit_load_multipliers.py --execs`, the LOADs' fit applied to EXECs;
+  nothing pinned), an EXEC takes 1.02x its factor alone, 1.09x beside a LOAD and 1.14x
+  beside an EXEC, where the simulator charges 1.0x and 1.117x beside any task; Bulk's
+  and Masa's EXECs fit that within 3%, DeepEye's are 4% slower over all its runs and
+  9-15% in light, heavy and stochastic I and II (within 5% in small), which no split
+  by what runs beside them explains. The same stage's EXEC alone differs by policy
+  too: traced on a warm store at about a quarter of light's rate (120 jobs), FaceNet's
+  144 MiB fc stage took 12.3 ms under Bulk, 12.8 under DeepEye and 11.4 under Masa
+  (its 64 MiB one 5.4, 5.7 and 5.0 ms), though its LOAD ended about as long before
+  under DeepEye as under Bulk (21 and 22 ms, Masa 12 ms). Every task of light 10%
+  longer is what takes the simulated Masa and DeepEye there to the real means
+  (2026-11-28, *The simulator*, above). To run the CPU-bound cells again on one commit
+  when the host allows: `sudo python benchmarks/bench_device.py --rerun cpu
   --wait-for-host 10 --max-minutes 170` (32 cells, about 2.5 hours), with
   2026-11-29T02:29:27 added to `CPU_REPEAT_EPOCHS` once its first runs exist."""
 
