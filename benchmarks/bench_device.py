@@ -3285,7 +3285,7 @@ simulating recorded cells again with every task's time scaled
   53.9 ms; mean response 106.9 to 91.6 ms. Deferring the whole unload did not help:
   the session's teardown holds the GIL, so the started worker waited for it anyway
   (hand-off 142 to 434 us, Masa).
-- **Three checks that moved nothing** (2026-11-29, session 44; the host 1.7-2.5x slow
+- **Three checks that moved nothing** (2026-11-29, session 44; the host 1.3-2.5x slow
   all session, so no cell of the grid ran). *A reaper thread*: tearing unloaded stages
   down (session and mapping: 140-1140 us a stage on that host, most of it with the GIL
   held) on a thread of their own, once the decision's tasks were taken up by their
@@ -3310,13 +3310,13 @@ simulating recorded cells again with every task's time scaled
   probe was off by up to a fifth, more than the spare capacity of the cells near
   saturation (light's calibrated load is 0.91). What is left, as far as these runs
   show: the executor's time between tasks and the EXECs' cost beside other tasks.
-  Traced on that host at light's rate x0.38 and x0.42 (so that its calibrated load is
-  about the grid's; jobs 300-550), a worker waited 615 and 660 us on average between
-  tasks where it waited under 5 ms (median 419 and 425 us, p90 1.3 and 1.5 ms), where
-  the simulator charges 400 us after every task; light's many short stages (27 tasks a
-  job) pay that most. The tail looks like the GIL's (sampled with py-spy --gil, a
-  session's teardown is the loop's largest hold of it): a worker's hand-off (start to
-  its worker's taking the task up: p50 59 us, p90 0.8 ms, p99 2.8 ms) and a
+  Traced on the emulated device at rho 0.38 and 0.42 (on that host about the grid
+  cell's calibrated load; jobs 300-550), a worker waited 615 and 660 us on average
+  between tasks where it waited under 5 ms (median 419 and 425 us, p90 1.3 and 1.5
+  ms), where the simulator charges 400 us after every task; light's many short stages
+  (27 tasks a job) pay that most. The tail looks like the GIL's (sampled with py-spy
+  --gil, a session's teardown is the loop's largest hold of it): a worker's hand-off
+  (start to its worker's taking the task up: p50 59 us, p90 0.8 ms, p99 2.8 ms) and a
   completion's way back to the loop (p99 3.2 ms) wait for it; Python's switch interval
   (5 ms or 0.5 ms) and the workers' nice value (0 or 5) changed neither. And DeepEye's
   EXECs take longer than the simulator charges them: fitted on the 90 runs where the
