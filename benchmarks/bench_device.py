@@ -1333,10 +1333,16 @@ def capacity(args: argparse.Namespace) -> None:
             probe = record["host_cpu_scale"][1]
             real, simulated = record["real"], record.get("simulated_cpu") or {}
             print(f"{cell.key} {policy}: {record['jobs']} jobs, host {record['host_cpu_scale']}"
-                  f", calibrated CPU load {record['calibrated_cpu_load']}; makespan real "
-                  f"{real['makespan_s']:.1f} s, simulated {simulated.get('makespan_s', 0):.1f} "
-                  f"s; mean real {real['mean_ms'] / 1e3:.2f} s, simulated "
-                  f"{simulated.get('mean_ms', 0) / 1e3:.2f} s", flush=True)
+                  f", calibrated CPU load {record['calibrated_cpu_load']}; {real['status']}; "
+                  f"makespan real {_seconds(real.get('makespan_s'))}, simulated "
+                  f"{_seconds(simulated.get('makespan_s'))}; mean real "
+                  f"{_seconds(real.get('mean_ms'), 1e3)}, simulated "
+                  f"{_seconds(simulated.get('mean_ms'), 1e3)}", flush=True)
+
+
+def _seconds(value: float | None, per_second: float = 1.0) -> str:
+    """A figure in seconds for `capacity`'s lines; "-" for none (a killed run's)."""
+    return "-" if value is None else f"{value / per_second:.2f} s"
 
 
 def one_cell_parser(doc: str, default_cell: str, policies: Sequence[str], data: Path,
@@ -3287,41 +3293,41 @@ simulating recorded cells again with every task's time scaled
   (hand-off 142 to 434 us, Masa).
 - **Three checks that moved nothing** (2026-11-29, session 44; the host 1.3-2.5x slow
   all session, so no cell of the grid ran). *A reaper thread*: tearing unloaded stages
-  down (session and mapping: 140-1140 us a stage on that host, most of it with the GIL
-  held) on a thread of their own, once the decision's tasks were taken up by their
-  workers, took 35-40% of the loop's CPU off it, but light at about a quarter of its
-  rate (a job every 250 ms, 120 jobs, 1 GiB, warm store, old and new code alternated
-  three times) answered no faster: Masa 85.8 against 88.3 ms, Bulk 102.6 against
-  101.1, DeepEye 93.5 against 94.3 (FaceNet's span under Masa 51.6 against 54.6 ms):
-  on two cores the teardown's CPU is taken from the other worker's EXEC instead. Not
-  kept. *Random task times*: in a traced run of light (half rate, warm store) the
-  tasks vary a lot about their stage's mean (coefficient of variation 0.3-0.9), which
-  a simulator with fixed times leaves out; simulated again with every task's time x a
-  lognormal factor of mean 1 (CV 0.3 and 0.6, seeded; not kept), light's and small's
-  misses moved by at most 2 points (Masa in light -46% -> -45%, DeepEye -41%; small
-  over 120 s Masa -40% -> -38%, DeepEye +31% -> +30%). *Capacity*: light run past
-  saturation (`--capacity 'light|1024MiB|rho0.7|60s|w2|wait|' --capacity-rho 0.7
-  --capacity-span 30`: 517 jobs, a calibrated CPU load of 1.7-2.1 on that host), real
-  against calibrated makespan: Masa 40.5 against 43.5 s and 42.1 against 51.5, Bulk
-  59.5 against 62.6 and 60.5 against 75.9, DeepEye 46.5 against 48.3 and 46.9 against
-  49.1. The real makespans held within 4% from one run to the next while the probes
-  around them went from 1.7-2.0x to 1.9-2.5x (three probes back to back read 1.75,
-  1.87 and 1.94x), and the simulation followed the probes: on that host a 4-second
-  probe was off by up to a fifth, more than the spare capacity of the cells near
-  saturation (light's calibrated load is 0.91). What is left, as far as these runs
-  show: the executor's time between tasks and the EXECs' cost beside other tasks.
-  Traced on the emulated device at rho 0.38 and 0.42 (on that host about the grid
-  cell's calibrated load; jobs 300-550), a worker waited 615 and 660 us on average
-  between tasks where it waited under 5 ms (median 419 and 425 us, p90 1.3 and 1.5
-  ms), where the simulator charges 400 us after every task; light's many short stages
-  (27 tasks a job) pay that most. The tail looks like the GIL's (sampled with py-spy
-  --gil, a session's teardown is the loop's largest hold of it): a worker's hand-off
-  (start to its worker's taking the task up: p50 59 us, p90 0.8 ms, p99 2.8 ms) and a
-  completion's way back to the loop (p99 3.2 ms) wait for it; Python's switch interval
-  (5 ms or 0.5 ms) and the workers' nice value (0 or 5) changed neither. And DeepEye's
-  EXECs take longer than the simulator charges them: fitted on the 90 runs where the
-  CPU binds (their EXEC time per network, with the shares of it alone, beside a LOAD
-  and beside an EXEC from their calibrated simulations; `python
+  down (a session 110-1140 us a stage on that host, with the GIL held; unmapping its
+  weights 20-1020 us more) on a thread of their own, once the decision's tasks were
+  taken up by their workers, took 35-40% of the loop's CPU off it, but light at about
+  a quarter of its rate (a job every 250 ms, 120 jobs, 1 GiB, warm store, old and new
+  code alternated three times) answered no faster: Masa 85.8 against 88.3 ms, Bulk
+  102.6 against 101.1, DeepEye 93.5 against 94.3 (FaceNet's span under Masa 51.6
+  against 54.6 ms): on two cores the teardown's CPU is taken from the other worker's
+  EXEC instead. Not kept. *Random task times*: in a traced run of light (half rate,
+  warm store) the tasks vary a lot about their stage's mean (coefficient of variation
+  0.3-1.4), which a simulator with fixed times leaves out; simulated again with every
+  task's time x a lognormal factor of mean 1 (CV 0.3 and 0.6, seeded; not kept),
+  light's and small's misses moved by at most 2 points (Masa in light -46% -> -45%,
+  DeepEye -41%; small over 120 s Masa -40% -> -38%, DeepEye +31% -> +30%). *Capacity*:
+  light run past saturation (`--capacity 'light|1024MiB|rho0.7|60s|w2|wait|'
+  --capacity-rho 0.7 --capacity-span 30`: 517 jobs, a calibrated CPU load of 1.7-2.1
+  on that host), real against calibrated makespan: Masa 40.5 against 43.5 s and 42.1
+  against 51.5, Bulk 59.5 against 62.6 and 60.5 against 75.9, DeepEye 46.5 against
+  48.3 and 46.9 against 49.1. The real makespans held within 4% from one run to the
+  next while the probes around them went from 1.7-2.0x to 1.9-2.5x (three probes back
+  to back read 1.75, 1.87 and 1.94x), and the simulation followed the probes: on that
+  host a 4-second probe was off by up to a fifth, more than the spare capacity of the
+  cells near saturation (light's calibrated load is 0.91). What is left, as far as
+  these runs show: the executor's time between tasks and the EXECs' cost beside other
+  tasks. Traced on the emulated device at rho 0.38 and 0.42 (on that host about the
+  grid cell's calibrated load; jobs 300-550), a worker waited 615 and 660 us on
+  average between tasks where it waited under 5 ms (median 419 and 425 us, p90 1.3 and
+  1.5 ms), where the simulator charges 400 us after every task; light's many short
+  stages (27 tasks a job) pay that most. The tail looks like the GIL's (sampled with
+  py-spy --gil, a session's teardown is the loop's largest hold of it): a worker's
+  hand-off (start to its worker's taking the task up: p50 59 us, p90 0.8 ms, p99 2.8
+  ms) and a completion's way back to the loop (p99 3.2 ms) wait for it; Python's
+  switch interval (5 ms or 0.5 ms) and the workers' nice value (0 or 5) changed
+  neither. And DeepEye's EXECs take longer than the simulator charges them: fitted on
+  the 90 runs where the CPU binds (their EXEC time per network, with the shares of it
+  alone, beside a LOAD and beside an EXEC from their calibrated simulations; `python
   benchmarks/fit_load_multipliers.py --execs`, the LOADs' fit applied to EXECs;
   nothing pinned), an EXEC takes 1.02x its factor alone, 1.09x beside a LOAD and 1.14x
   beside an EXEC, where the simulator charges 1.0x and 1.117x beside any task; Bulk's
